@@ -1,0 +1,221 @@
+"""Read, write (atomically) and check measurement bundles.
+
+Writing: everything goes into `<dir>.partial/`; `finish()` writes manifest.json last and renames
+the folder into place, so a bundle folder without `.partial` and with status "complete" is whole.
+`fail(reason)` does the same with status "failed": a crashed run never leaves a bundle that looks
+complete. A killed process leaves only the `.partial` folder, which readers refuse.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from calib.bundle.schema import (
+    KINDS,
+    REQUIRED_TABLES,
+    SCHEMA,
+    STATUSES,
+    TABLE_COLUMNS,
+    TELEMETRY_REQUIRED,
+    Manifest,
+)
+from calib.errors import CalibError
+
+PARTIAL = ".partial"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class BundleWriter:
+    """Collects a bundle in `<path>.partial/` and moves it into place when finished or failed."""
+
+    def __init__(self, path: str | os.PathLike, manifest: Manifest, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + PARTIAL)
+        self.manifest = manifest
+        if self.path.exists() and not overwrite:
+            raise CalibError(f"bundle {self.path} already exists (use another output or --overwrite)")
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        if not manifest.created_utc:
+            manifest.created_utc = utc_now()
+
+    def dir(self, sub: str = "") -> Path:
+        d = self.tmp / sub if sub else self.tmp
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write_table(self, name: str, df: pd.DataFrame) -> None:
+        missing = [c for c in TABLE_COLUMNS[name] if c not in df.columns]
+        if missing:
+            raise CalibError(f"table {name}: missing column(s) {', '.join(missing)}")
+        df.to_parquet(self.tmp / f"{name}.parquet", index=False, compression="zstd")
+
+    def _seal(self) -> Path:
+        (self.tmp / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=2, sort_keys=True))
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def finish(self) -> Path:
+        self.manifest.status = "complete"
+        self.manifest.failure = ""
+        return self._seal()
+
+    def fail(self, reason: str) -> Path:
+        self.manifest.status = "failed"
+        self.manifest.failure = " ".join(reason.split())
+        return self._seal()
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: Manifest
+    _tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    def has(self, table: str) -> bool:
+        return (self.path / f"{table}.parquet").is_file()
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            file = self.path / f"{name}.parquet"
+            if not file.is_file():
+                raise CalibError(f"bundle {self.path}: has no {name} table")
+            try:
+                self._tables[name] = pd.read_parquet(file)
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a bad file
+                raise CalibError(f"bundle {self.path}: {name}.parquet is unreadable ({exc})") from None
+        return self._tables[name]
+
+    def et_files(self) -> list[Path]:
+        d = self.path / "et"
+        files = sorted(d.glob("rank.*.et*"), key=lambda p: int(p.name.split(".")[1])) if d.is_dir() else []
+        return files
+
+    def sha256(self) -> str:
+        return bundle_sha256(self.path)
+
+
+def bundle_sha256(path: str | os.PathLike) -> str:
+    """Content hash of every file in the bundle (names and bytes), independent of mtime."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(file.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(file.read_bytes())
+    return h.hexdigest()
+
+
+def read_bundle(path: str | os.PathLike, require_complete: bool = True) -> Bundle:
+    """Open a bundle; refuse a partial, failed (unless asked) or unknown-schema one in one line."""
+    p = Path(path)
+    if p.name.endswith(PARTIAL):
+        raise CalibError(f"bundle {p} is incomplete: its run never finished (a .partial folder)")
+    if not p.is_dir():
+        raise CalibError(f"bundle {p} does not exist or is not a folder")
+    mf = p / "manifest.json"
+    if not mf.is_file():
+        raise CalibError(f"bundle {p} has no manifest.json: incomplete or not a bundle")
+    try:
+        data = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CalibError(f"bundle {p}: manifest.json is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise CalibError(f"bundle {p}: schema {schema!r} is not supported (this calib reads {SCHEMA!r})")
+    if data.get("kind") not in KINDS:
+        raise CalibError(f"bundle {p}: kind {data.get('kind')!r} is not one of {', '.join(KINDS)}")
+    if data.get("status") not in STATUSES:
+        raise CalibError(f"bundle {p}: status {data.get('status')!r} is not one of {', '.join(STATUSES)}")
+    manifest = Manifest.from_dict(data)
+    if require_complete and manifest.status != "complete":
+        raise CalibError(f"bundle {p} is a failed run: {manifest.failure or 'no reason recorded'}")
+    return Bundle(p, manifest)
+
+
+def check_bundle(bundle: Bundle) -> list[str]:
+    """Problems that make a complete bundle unusable; empty when it is fine."""
+    problems: list[str] = []
+    m = bundle.manifest
+    for table in REQUIRED_TABLES[m.kind]:
+        if not bundle.has(table):
+            problems.append(f"missing {table}.parquet")
+    for name, columns in TABLE_COLUMNS.items():
+        if not bundle.has(name):
+            continue
+        df = bundle.table(name)
+        missing = [c for c in columns if c not in df.columns]
+        if missing:
+            problems.append(f"{name}.parquet lacks column(s) {', '.join(missing)}")
+    if m.kind == "training":
+        if m.spec is None:
+            problems.append("training bundle without a spec")
+        elif bundle.has("steps"):
+            world = m.spec.tp * m.spec.pp * m.spec.dp
+            ranks = set(bundle.table("steps")["rank"].unique().tolist())
+            lost = sorted(set(range(world)) - ranks)
+            if lost:
+                problems.append(f"steps.parquet has no rows for rank(s) {lost} of {world}")
+            if bundle.table("steps")["time_s"].isna().any():
+                problems.append("steps.parquet has NaN step times")
+        if m.steps.profiled and m.spec is not None:
+            world = m.spec.tp * m.spec.pp * m.spec.dp
+            have = {int(f.name.split(".")[1]) for f in bundle.et_files()}
+            lost = sorted(set(range(world)) - have)
+            if lost:
+                problems.append(f"et/ lacks rank(s) {lost}")
+    if bundle.has("telemetry"):
+        df = bundle.table("telemetry")
+        for col in TELEMETRY_REQUIRED:
+            if col in df.columns and df[col].isna().any():
+                problems.append(f"telemetry.parquet has NaN in {col}")
+    return problems
+
+
+def load_bundles(paths: list[str | os.PathLike], kinds: tuple[str, ...] = KINDS) -> list[Bundle]:
+    """Expand folders that hold bundles (traces/, traces/h200) and open every complete bundle.
+
+    A directory with a manifest.json is a bundle; any other directory is searched below.
+    Failed bundles are skipped when found by search, refused when named directly.
+    """
+    found: list[Bundle] = []
+    for raw in paths:
+        p = Path(raw)
+        if (p / "manifest.json").is_file() or p.name.endswith(PARTIAL):
+            found.append(read_bundle(p))
+            continue
+        if not p.is_dir():
+            raise CalibError(f"{p} is neither a bundle nor a folder of bundles")
+        for mf in sorted(p.rglob("manifest.json")):
+            if any(part.endswith(PARTIAL) for part in mf.parts):
+                continue
+            b = read_bundle(mf.parent, require_complete=False)
+            if b.manifest.status == "complete":
+                found.append(b)
+    out = [b for b in found if b.manifest.kind in kinds]
+    for b in out:
+        problems = check_bundle(b)
+        if problems:
+            raise CalibError(f"bundle {b.path}: {problems[0]}")
+    return out
+
+
+

@@ -1,0 +1,6 @@
+"""Simulators behind one interface: `analytical` (embedded, default) and `astrasim`."""
+
+from calib.sim.config import Dim, NetworkConfig, SystemConfig
+from calib.sim.types import RankClass, SimResult, SimWorkload
+
+__all__ = ["Dim", "NetworkConfig", "RankClass", "SimResult", "SimWorkload", "SystemConfig"]

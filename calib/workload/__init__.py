@@ -1,0 +1,1 @@
+"""Model and parallelism specs, and generation of one training step's workload."""
