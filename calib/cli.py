@@ -41,7 +41,8 @@ def _root() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning CalibError into one line on stderr and exit status 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it.
+        rc = app(args=argv, standalone_mode=False)
     except CalibError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: aborted", file=sys.stderr)
             return 1
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -58,3 +58,29 @@ def ns_to_s(ns: float) -> float:
 
 def s_to_ns(s: float) -> int:
     return int(round(s * 1e9))
+
+
+# Vendor telemetry (NVML reports mW, mJ, MHz, KiB counters; amdsmi reports W, uJ, MHz, KB).
+def mw_to_w(mw: float) -> float:
+    return mw * 1e-3
+
+
+def mj_to_j(mj: float) -> float:
+    return mj * 1e-3
+
+
+def uj_to_j(uj: float) -> float:
+    return uj * 1e-6
+
+
+def mhz_to_hz(mhz: float) -> float:
+    return mhz * 1e6
+
+
+def kib_to_bytes(kib: float) -> float:
+    return kib * 2**10
+
+
+def kb_to_bytes(kb: float) -> float:
+    """amdsmi's XGMI accumulators count kilobytes of 10^3 bytes."""
+    return kb * 1e3

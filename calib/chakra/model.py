@@ -61,6 +61,10 @@ ATTR_SLOTS: dict[str, str] = {
     "stream": "int64_val",
     "op_class": "string_val",  # gemm | attention | memory | other (calib.ops)
     "seq": "int64_val",  # collective sequence number within its process group
+    "gap_ns": "uint64_val",  # converted ETs: idle time on the stream before this node (folded CPU time)
+    "aten_op": "string_val",  # converted ETs: the aten op that launched this GPU activity
+    "step": "int64_val",  # converted ETs: N of the profiler step (ProfilerStep#N) the node belongs to
+    "coalesced_with": "int64_val",  # converted ETs: the node holding the coalesced NCCL kernel of this call
 }
 
 

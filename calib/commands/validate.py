@@ -1,9 +1,51 @@
-"""`calib validate`: placeholder until its module lands (owned by the issue that delivers it)."""
+"""`calib validate`: replay, held-out and in-sample step-time errors on the measured bundles (logic in
+calib.validate)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
+def validate(
+    bundles: list[Path] = typer.Argument(None, help="Bundles or folders of bundles (default: the committed traces/)."),
+    calibration: Path = typer.Option(
+        None, "--calibration", help="Calibration YAML to validate (default: calib/data/calibration-<gpu>.yaml; "
+        "fitted on all bundles when there is none). Its `validation` section is updated.",
+    ),
+    out: Path = typer.Option(Path("reports"), "--out", help="Folder for validation.json, validation.md, validation.html."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 (one line per violation) when a mean or max error exceeds "
+                               "validation-thresholds.yaml, or when there are no real GPU bundles to validate."),
+    thresholds: Path = typer.Option(None, "--thresholds", help="Thresholds file (default: validation-thresholds.yaml)."),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Processes for the held-out fits."),
+    heldout: bool = typer.Option(True, "--heldout/--no-heldout", help="Compute the leave-one-configuration-out errors."),
+    replay: bool = typer.Option(True, "--replay/--no-replay", help="Replay each run's own converted ETs."),
+    write_calibration: bool = typer.Option(
+        True, "--write-calibration/--no-write-calibration", help="Record the errors in the calibration's `validation` section."
+    ),
+) -> None:
+    """Rebuild every measured training run the calibration did not see and report how far off it is."""
+    import sys
+
+    from rich.console import Console
+
+    from calib.validate import run_validation
+    from calib.validation.report import print_table
+
+    err = Console(stderr=True)
+    report = run_validation(
+        bundles or None, calibration, out, replay=replay, heldout=heldout, jobs=jobs,
+        write_calibration=write_calibration, thresholds_path=thresholds,
+        progress=lambda msg: err.print(f"[dim]{msg}[/dim]"),
+    )
+    print_table(report)
+    Console().print(f"reports written to {out}/validation.{{json,md,html}} ({report.wall_s:.1f} s)")
+    if check and report.violations:
+        for line in report.violations:
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(1)  # calib.cli.main drops the code of typer.Exit (standalone_mode=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    app.command("validate")(validate)

@@ -71,3 +71,18 @@ class SimResult:
     @property
     def step_time_s(self) -> float:
         return max(self.finish_ns) * 1e-9 if self.finish_ns else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready: per-rank lists in ns, plus the step time in seconds."""
+        return {
+            "backend": self.backend,
+            "num_ranks": len(self.finish_ns),
+            "step_time_s": self.step_time_s,
+            "max_finish_ns": max(self.finish_ns) if self.finish_ns else 0,
+            "finish_ns": list(self.finish_ns),
+            "exposed_comm_ns": list(self.exposed_comm_ns),
+            "busy_ns": list(self.busy_ns),
+            "exposed_ns": list(self.exposed_ns),
+            "wall_s": self.wall_s,
+            "simulated_ranks": self.simulated_ranks,
+        }

@@ -1,0 +1,132 @@
+"""The Kineto (chrome trace) side: GPU activities, their launches, CPU ops, sync and event calls.
+
+Times are kept as integer nanoseconds: Kineto writes microseconds with three decimals.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calib.convert.loader import load_json
+from calib.errors import CalibError
+
+GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+CPU_CATS = {"cpu_op", "user_annotation"}
+SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"}
+RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags"}
+WAIT_CALLS = {"cudaStreamWaitEvent"}
+
+
+def us_to_ns(us: float) -> int:
+    return int(round(float(us) * 1000.0))
+
+
+@dataclass(slots=True)
+class GpuActivity:
+    kind: str  # kernel | memcpy | memset
+    name: str
+    stream: int
+    start_ns: int
+    dur_ns: int
+    correlation: int | None
+    args: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RuntimeCall:
+    name: str
+    tid: Any
+    ts_ns: int
+    dur_ns: int
+    correlation: int | None
+    external_id: int | None
+
+
+@dataclass
+class KinetoTrace:
+    path: Path
+    rank: int | None
+    world_size: int | None
+    pid: int | None
+    base_time_ns: int
+    gpu: list[GpuActivity] = field(default_factory=list)
+    launches: dict[int, RuntimeCall] = field(default_factory=dict)  # correlation -> runtime call
+    calls: list[RuntimeCall] = field(default_factory=list)  # every runtime/driver call, time order
+    cpu_ops: dict[tuple[Any, int], dict[str, Any]] = field(default_factory=dict)  # (tid, External id)
+    has_record_ids: bool = False
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (start_ns, end_ns, N) of ProfilerStep#N
+    # CUDA sync events (enable_cuda_sync_events): correlation of a cudaStreamWaitEvent call ->
+    # (waiting stream, stream waited on, correlation of the cudaEventRecord call)
+    stream_waits: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    pg_config: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_kineto(data: Any, path: Path) -> KinetoTrace:
+    if not isinstance(data, dict) or "traceEvents" not in data:
+        raise CalibError(f"{path}: not a Kineto trace (no 'traceEvents')")
+    dist = data.get("distributedInfo") or {}
+    kt = KinetoTrace(
+        path=path,
+        rank=int(dist["rank"]) if "rank" in dist else None,
+        world_size=int(dist["world_size"]) if "world_size" in dist else None,
+        pid=None,
+        base_time_ns=int(data.get("baseTimeNanoseconds", 0) or 0),
+        pg_config=list(dist.get("pg_config", []) or []),
+    )
+    pids: Counter[Any] = Counter()
+    for e in data["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        cat = e.get("cat")
+        args = e.get("args") or {}
+        if cat in GPU_CATS:
+            if "ts" not in e or "dur" not in e:
+                raise CalibError(f"{path}: GPU event {e.get('name')!r} lacks 'ts' or 'dur'")
+            kt.gpu.append(GpuActivity(GPU_CATS[cat], str(e.get("name", "")), int(args.get("stream", e.get("tid", 0))),
+                                      us_to_ns(e["ts"]), us_to_ns(e["dur"]), args.get("correlation"), args))
+        elif cat == "cuda_sync":
+            if "wait_on_stream" in args and args.get("correlation") is not None:
+                rec = args.get("wait_on_cuda_event_record_corr_id")
+                if rec is not None:
+                    kt.stream_waits[int(args["correlation"])] = (int(args.get("stream", -1)), int(args["wait_on_stream"]), int(rec))
+        elif cat in LAUNCH_CATS:
+            call = RuntimeCall(str(e.get("name", "")), e.get("tid"), us_to_ns(e.get("ts", 0)), us_to_ns(e.get("dur", 0)),
+                               args.get("correlation"), args.get("External id"))
+            kt.calls.append(call)
+            if call.correlation is not None:
+                kt.launches[int(call.correlation)] = call
+        elif cat in CPU_CATS:
+            pids[e.get("pid")] += 1
+            name = str(e.get("name", ""))
+            if name.startswith("ProfilerStep#") and name[13:].isdigit():
+                start = us_to_ns(e.get("ts", 0))
+                kt.steps.append((start, start + us_to_ns(e.get("dur", 0)), int(name[13:])))
+            if "Record function id" in args:
+                kt.has_record_ids = True
+            ext = args.get("External id")
+            if ext is not None:
+                key = (e.get("tid"), int(ext))
+                # a cpu_op wins over a user_annotation that shares its External id
+                if key not in kt.cpu_ops or cat == "cpu_op":
+                    kt.cpu_ops[key] = e
+    kt.calls.sort(key=lambda c: c.ts_ns)
+    kt.steps.sort()
+    kt.pid = pids.most_common(1)[0][0] if pids else None
+    return kt
+
+
+def step_at(kt: KinetoTrace, ts_ns: int) -> int | None:
+    """N of the ProfilerStep#N window holding a CPU time, None outside every window."""
+    for start, end, n in kt.steps:
+        if start <= ts_ns <= end:
+            return n
+    return None
+
+
+def read_kineto(path: str | Path) -> KinetoTrace:
+    p = Path(path)
+    return parse_kineto(load_json(p), p)

@@ -1,0 +1,444 @@
+"""`calib fit`: measurement bundles -> Calibration (kernel, network, power models with held-out errors).
+
+Cross-validation:
+  kernel   k-fold over distinct shapes (a fold never holds a shape its training part saw), plus an
+           extrapolation check: fit on the smaller 80% of shapes by work, predict the largest 20%.
+  network  k-fold over message sizes within each (domain, kind, group size) series; the headline
+           error is over held-out sizes >= 1 MiB. The ASTRA-sim simplification's error is in-sample
+           (two parameters per domain cannot overfit) and says so.
+  power    leave-one-configuration-out (RunSpec.key(): telemetry twins leave together) on the energy
+           per step; with one configuration only, in-sample and labelled as such.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from calib.bundle.io import Bundle, check_bundle
+from calib.calibration import Calibration
+from calib.errors import CalibError
+from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
+from calib.models.kernel import OP_CLASSES, KernelModel, shape_keys, shape_table
+from calib.models.network import MIN_SERIES_POINTS, CollectiveModel, Series, fit_astra, normalize_kind
+from calib.models.peaks import GpuPeaks, peaks_for_gpu
+from calib.models.power import PowerModel, PowerPoint, power_points
+from calib.units import MIB
+
+GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
+ASTRA_ENDPOINT_SOURCE = "configured: ASTRA-sim default endpoint delay (10 ns; smaller groups always use 10 ns)"
+
+
+@dataclass
+class FitOptions:
+    folds: int = 5
+    allow_mixed_gpus: bool = False
+    gpu: str | None = None
+    peaks: GpuPeaks | None = None
+    min_kernel_points: int = 8
+
+
+def gpu_family(name: str) -> str:
+    low = (name or "").lower()
+    for fam in ("h200", "h100", "a100", "mi250", "mi300"):
+        if fam in low:
+            return fam
+    return low.replace("nvidia", "").strip().replace(" ", "-") or "unknown"
+
+
+def _ids(bundles: Sequence[Bundle]) -> str:
+    return ", ".join(b.id for b in bundles)
+
+
+def select_bundles(bundles: Sequence[Bundle], opts: FitOptions) -> list[Bundle]:
+    """Refuse failed/incomplete/unusable bundles and unannounced GPU mixes; apply --gpu."""
+    if not bundles:
+        raise CalibError("no bundles to fit (give bundle folders or folders that hold them)")
+    for b in bundles:
+        if b.manifest.status != "complete":
+            raise CalibError(f"bundle {b.path} is a failed run: {b.manifest.failure or 'no reason recorded'}")
+        problems = check_bundle(b)
+        if problems:
+            raise CalibError(f"bundle {b.path}: {problems[0]}")
+    chosen = list(bundles)
+    if opts.gpu:
+        want = opts.gpu.lower()
+        chosen = [b for b in chosen if want in b.manifest.gpu.name.lower() or want == gpu_family(b.manifest.gpu.name)]
+        if not chosen:
+            have = sorted({b.manifest.gpu.name for b in bundles})
+            raise CalibError(f"no bundle was measured on GPU {opts.gpu!r} (the bundles have {', '.join(have)})")
+    fams = sorted({gpu_family(b.manifest.gpu.name) for b in chosen})
+    if len(fams) > 1 and not opts.allow_mixed_gpus:
+        by = {f: next(b.id for b in chosen if gpu_family(b.manifest.gpu.name) == f) for f in fams}
+        raise CalibError(
+            "bundles from different GPU models (" + ", ".join(f"{f} e.g. {i}" for f, i in by.items())
+            + "): fit one GPU at a time (--gpu NAME) or pass --allow-mixed-gpus"
+        )
+    return chosen
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+
+def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
+    """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles."""
+    frames, used = [], []
+    for b in bundles:
+        if b.manifest.kind not in ("kernels", "training") or not b.has("kernels"):
+            continue
+        df = b.table("kernels")
+        if df.empty:
+            continue
+        keep = df["op_class"].astype(str).isin(OP_CLASSES) & ~df["name"].astype(str).str.startswith("nccl")
+        keep &= pd.to_numeric(df["time_s"], errors="coerce") > 0
+        df = df[keep]
+        if not df.empty:
+            frames.append(df.assign(bundle=b.id))
+            used.append(b)
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
+
+
+def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[KernelModel, dict[str, ErrorStat]]:
+    shapes, t, counts = shape_table(rows)
+    make = lambda: KernelModel(peaks=peaks, min_points=opts.min_kernel_points)  # noqa: E731
+    model = make().fit(shapes, t)
+    errors: dict[str, ErrorStat] = {}
+    n = len(shapes)
+    folds = kfold_indices(n, opts.folds)
+
+    def fp(train: np.ndarray, test: np.ndarray) -> np.ndarray:
+        return make().fit(shapes.iloc[train], t[train]).predict(shapes.iloc[test])
+
+    pred = cross_validate(n, folds, fp)
+    # Shapes with FLOPs or bytes are what the roofline model predicts; ops without either (no data
+    # movement the classifier could name) are predicted by a measured median and reported apart.
+    fl = np.nan_to_num(pd.to_numeric(shapes["flops"], errors="coerce").to_numpy(float), nan=0.0)
+    by = np.nan_to_num(pd.to_numeric(shapes["bytes"], errors="coerce").to_numpy(float), nan=0.0)
+    has_work = (fl > 0) | (by > 0)
+    ok = np.isfinite(pred) & has_work
+    method = f"{len(folds)}-fold over distinct shapes"
+    errors["kernel"] = error_stat(pred[ok], t[ok], method)
+    w = (counts * t)[ok]
+    rel = np.abs(pred[ok] - t[ok]) / t[ok]
+    if rel.size:
+        errors["kernel.time_weighted"] = ErrorStat(
+            float(100 * np.average(rel, weights=w)), float(100 * rel.max()), int(rel.size),
+            method + ", each shape weighted by its share of the measured kernel time",
+        )
+    classes = shapes["op_class"].astype(str).to_numpy()
+    for c in OP_CLASSES:
+        sel = ok & (classes == c)
+        if sel.any():
+            errors[f"kernel.{c}"] = error_stat(pred[sel], t[sel], method)
+    nowork = np.isfinite(pred) & ~has_work
+    if nowork.any():
+        errors["kernel.no_work_ops"] = error_stat(pred[nowork], t[nowork], method + ", ops without FLOPs or bytes")
+    # Extrapolation: per class, the largest 20% of shapes by work predicted from the rest.
+    work = np.where(np.isin(classes, ("gemm", "attention")), pd.to_numeric(shapes["flops"], errors="coerce"),
+                    pd.to_numeric(shapes["bytes"], errors="coerce"))
+    work = np.nan_to_num(np.asarray(work, dtype=float), nan=0.0)
+    big = np.zeros(n, dtype=bool)
+    for c in OP_CLASSES:
+        sel = (classes == c) & (work > 0)
+        if sel.sum() >= 2 * opts.min_kernel_points:
+            big |= sel & (work >= np.quantile(work[sel], 0.8))
+    if big.any():
+        try:
+            ext = make().fit(shapes[~big], t[~big]).predict(shapes[big])
+            errors["kernel.extrapolation"] = error_stat(
+                ext, t[big], "fit on the smaller 80% of shapes by work per class, predict the largest 20%"
+            )
+        except CalibError:
+            pass
+    errors.update(_label_holdouts(rows, shapes, t, make))
+    return model, errors
+
+
+_TP_LABEL = re.compile(r"(?:^|/)tp(\d+)(?:/|$)")
+
+
+def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, make: object) -> dict[str, ErrorStat]:
+    """Extrapolation checks from the microbenchmark labels ("<model>/tp<N>/tokens<T>/<role>/<pass>"):
+    predict the TP=1 shapes (the largest per model) from the TP>1 ones, and the largest model's
+    shapes from the other models'. A shape that also occurs in the training part is not scored."""
+    out: dict[str, ErrorStat] = {}
+    names = rows["name"].astype(str)
+    if not names.str.contains("/tp", regex=False).any():
+        return out
+    keys = shape_keys(rows).to_numpy()
+    order = {k: i for i, k in enumerate(shape_keys(shapes).to_numpy())}
+    tps: dict[int, set[int]] = {}
+    models: dict[int, set[str]] = {}
+    for key, name in zip(keys, names, strict=True):
+        i = order[key]
+        m = _TP_LABEL.search(name)
+        if m:
+            tps.setdefault(i, set()).add(int(m.group(1)))
+            models.setdefault(i, set()).add(name.split("/")[0])
+    n = len(shapes)
+
+    def check(test: np.ndarray, train: np.ndarray, label: str, method: str) -> None:
+        if test.sum() < 3 or train.sum() < 8:
+            return
+        try:
+            pred = make().fit(shapes[train], t[train]).predict(shapes[test])  # type: ignore[operator]
+        except CalibError:
+            return
+        out[label] = error_stat(pred, t[test], method)
+
+    only1 = np.array([tps.get(i) == {1} for i in range(n)])
+    no1 = np.array([bool(tps.get(i)) and 1 not in tps[i] for i in range(n)])
+    check(only1, no1, "kernel.tp1_from_other_tp", "fit on TP 2/4/8 microbenchmark shapes, predict the TP 1 shapes")
+    sizes = rows.assign(_k=keys).groupby(rows["name"].astype(str).str.split("/").str[0])["flops"].max()
+    if len(sizes) >= 2:
+        biggest = str(sizes.idxmax())
+        test = np.array([models.get(i) == {biggest} for i in range(n)])
+        train = np.array([bool(models.get(i)) and biggest not in models[i] for i in range(n)])
+        check(test, train, "kernel.largest_model", f"fit on the other models' shapes, predict {biggest}'s")
+    return out
+
+
+# ---- collectives -----------------------------------------------------------------------------
+
+
+def _domain(b: Bundle, n: int) -> str:
+    nodes = int((b.manifest.notes or {}).get("nodes", 1) or 1)
+    per_node = b.manifest.gpu.count or n
+    return "intra" if nodes <= 1 or n <= per_node else "inter"
+
+
+def _kind_or_none(kind: object) -> str | None:
+    try:
+        return normalize_kind(str(kind))
+    except CalibError:
+        return None
+
+
+def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(microbenchmark points, training transfer points): domain, kind, group_size, bytes, time_s, bundle.
+
+    time_s is the transfer part (transfer_s) where the bundle has it, else the whole time_s."""
+    micro, train = [], []
+    for b in bundles:
+        if not b.has("collectives"):
+            continue
+        df = b.table("collectives")
+        if df.empty:
+            continue
+        # The transfer part (the member that arrived last, so waited least) is what the simulator
+        # needs: waiting for late peers comes out of its dependencies. time_s where it is missing.
+        t = pd.to_numeric(df["time_s"], errors="coerce")
+        if "transfer_s" in df.columns:
+            tr = pd.to_numeric(df["transfer_s"], errors="coerce")
+            t = tr.where(tr > 0, t)
+        ok = (t > 0) & (pd.to_numeric(df["group_size"], errors="coerce") > 1) & (pd.to_numeric(df["bytes"], errors="coerce") > 0)
+        kinds = [_kind_or_none(k) for k in df["kind"]]
+        ok &= pd.Series([k is not None for k in kinds], index=df.index)  # barriers etc. carry no data
+        df = df[ok]
+        if df.empty:
+            continue
+        out = pd.DataFrame({
+            "kind": [k for k, keep in zip(kinds, ok, strict=True) if keep],
+            "group_size": df["group_size"].astype(int).to_numpy(),
+            "bytes": df["bytes"].astype(float).to_numpy(),
+            "time_s": t[ok].astype(float).to_numpy(),
+            "bundle": b.id,
+        })
+        out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
+        (micro if b.manifest.kind == "collectives" else train).append(out)
+    cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
+    return cat(micro), cat(train)
+
+
+def _series_points(points: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
+    agg = points.groupby(["domain", "kind", "group_size", "bytes"], as_index=False)["time_s"].median()
+    return {(d, k, int(n)): g.sort_values("bytes") for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
+
+
+def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, opts: FitOptions
+                ) -> tuple[CollectiveModel, dict[str, ErrorStat], list[str]]:
+    source = micro if not micro.empty else train
+    series_pts = _series_points(source)
+    model = CollectiveModel(gpus_per_node=gpus_per_node)
+    skipped: list[str] = []
+    cv_pred, cv_meas, cv_size = [], [], []
+    for (dom, kind, n), g in series_pts.items():
+        s, t = g["bytes"].to_numpy(float), g["time_s"].to_numpy(float)
+        if len(s) < MIN_SERIES_POINTS:
+            skipped.append(f"{dom}/{kind}/{n} ({len(s)} size(s))")
+            continue
+        model.series[model.key(dom, kind, n)] = Series.fit(dom, kind, n, s, t)
+        if len(s) >= MIN_SERIES_POINTS + 1:
+            folds = kfold_indices(len(s), opts.folds)
+            pred = cross_validate(
+                len(s), folds, lambda tr, te, s=s, t=t, d=dom, k=kind, n=n: Series.fit(d, k, n, s[tr], t[tr]).predict(s[te])
+            )
+            ok = np.isfinite(pred)
+            cv_pred.append(pred[ok])
+            cv_meas.append(t[ok])
+            cv_size.append(s[ok])
+    if not model.series:
+        raise CalibError(
+            f"network model: too few message sizes to fit any collective (need {MIN_SERIES_POINTS} per kind and "
+            f"group size; have {', '.join(skipped) or 'none'})"
+        )
+    errors: dict[str, ErrorStat] = {}
+    if cv_pred:
+        p, m, s = np.concatenate(cv_pred), np.concatenate(cv_meas), np.concatenate(cv_size)
+        method = f"{opts.folds}-fold over message sizes within each kind and group size"
+        errors["network"] = error_stat(p[s >= MIB], m[s >= MIB], method + ", sizes >= 1 MiB")
+        errors["network.all_sizes"] = error_stat(p, m, method + ", all sizes")
+    if not micro.empty and not train.empty:
+        try:
+            pred = np.concatenate([
+                model.predict(k, int(n), np.asarray([b]), domain=d)
+                for d, k, n, b in train[["domain", "kind", "group_size", "bytes"]].itertuples(index=False)
+            ])
+            errors["network.training_transfer"] = error_stat(
+                pred, train["time_s"].to_numpy(float), "microbenchmark fit checked on training collectives' transfer part"
+            )
+        except CalibError:
+            pass
+    for dom in model.domains():
+        pts = [(s.kind, s.group_size, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float))
+               for (d, k, n), g in series_pts.items() if d == dom
+               for s in [model.series.get(model.key(d, k, n))] if s is not None]
+        try:
+            fit = fit_astra(dom, pts)
+        except CalibError as exc:
+            skipped.append(f"ASTRA-sim {dom}: {exc}")
+            continue
+        model.astra[dom] = fit
+        errors[f"network.astra_sim.{dom}"] = ErrorStat.from_dict(fit.error_1mib)
+        errors[f"network.astra_sim.{dom}.all_sizes"] = ErrorStat.from_dict(fit.error_all)
+    return model, errors, skipped
+
+
+# ---- power -----------------------------------------------------------------------------------
+
+
+def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None) -> tuple[PowerModel | None, dict[str, ErrorStat], list[str]]:
+    points: list[PowerPoint] = []
+    idle: list[float] = []
+    used: list[str] = []
+    for b in bundles:
+        p, i = power_points(b)
+        if p:
+            used.append(b.id)
+        points += p
+        idle += i
+    if not points:
+        return None, {}, used
+    max_clock = peaks.max_sm_clock_hz if peaks else float("nan")
+    model = PowerModel.fit(points, idle, max_clock)
+    configs = [p.config for p in points]
+    errors: dict[str, ErrorStat] = {}
+    folds = group_folds(configs)
+    uniq = list(dict.fromkeys(configs))
+    meas = np.array([sum(p.energy_per_step_j for p in points if p.config == c) for c in uniq])
+    if len(folds) >= 2:
+        pred = []
+        for c in uniq:
+            train = [p for p in points if p.config != c]
+            try:
+                m = PowerModel.fit(train, idle, max_clock, min_points=min(4, len(train)))
+            except CalibError:
+                pred.append(np.nan)
+                continue
+            pred.append(sum(m.energy_j(p.step_time_s, p.shares) for p in points if p.config == c))
+        pred_a = np.array(pred)
+        ok = np.isfinite(pred_a)
+        errors["power.energy_per_step"] = error_stat(pred_a[ok], meas[ok], "leave-one-configuration-out, all GPUs of a run")
+    else:
+        pred_a = np.array([sum(model.energy_j(p.step_time_s, p.shares) for p in points)])
+        errors["power.energy_per_step"] = error_stat(pred_a, meas, "in-sample (only one configuration has telemetry)")
+    return model, errors, used
+
+
+# ---- everything ------------------------------------------------------------------------------
+
+
+def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw: object) -> Calibration:
+    """Fit every model the bundles have data for; raise CalibError (nothing written) on bad input."""
+    opts = opts or FitOptions(**kw)  # type: ignore[arg-type]
+    chosen = select_bundles(bundles, opts)
+    gpu_name = chosen[0].manifest.gpu.name
+    cal = Calibration(gpu=gpu_name, created_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    try:
+        from importlib.metadata import version
+
+        cal.calib_version = version("calib")
+    except Exception:  # noqa: BLE001 - not installed as a package: leave it empty
+        cal.calib_version = ""
+    cal.bundles = [
+        {"id": b.id, "sha256": b.sha256(), "kind": b.manifest.kind, "gpu": b.manifest.gpu.name,
+         "config": b.manifest.spec.key() if b.manifest.spec else ""}
+        for b in chosen
+    ]
+    prov = cal.provenance
+
+    rows, kb = kernel_rows(chosen)
+    peaks = opts.peaks
+    if not rows.empty:
+        peaks = peaks or peaks_for_gpu(gpu_name)
+        kmodel, kerr = fit_kernels(rows, peaks, opts)
+        cal.kernel = kmodel.to_dict()
+        cal.errors.update(kerr)
+        prov["kernel.peaks"] = f"configured: {peaks.source}"
+        for cls_key in kmodel.groups_:
+            prov[f"kernel.classes.{cls_key}"] = f"calibrated: {_ids(kb)}"
+        for c_key in kmodel.constants_:
+            prov[f"kernel.constants_s.{c_key}"] = f"calibrated: {_ids(kb)}"
+        for c in OP_CLASSES:
+            if c not in kmodel.groups_ and not any(k.startswith(c) for k in kmodel.constants_):
+                prov[f"kernel.classes.{c}"] = "not calibrated: predicted with a related class (no kernels of its own)"
+    else:
+        prov["kernel"] = "not calibrated: no kernel rows in the bundles"
+
+    micro, train = collective_points(chosen)
+    if not micro.empty or not train.empty:
+        per_node = max((b.manifest.gpu.count for b in chosen), default=8) or 8
+        nmodel, nerr, skipped = fit_network(micro, train, per_node, opts)
+        cal.network = nmodel.to_dict()
+        if skipped:
+            cal.network["skipped"] = skipped
+        cal.errors.update(nerr)
+        src = sorted(set((micro if not micro.empty else train)["bundle"]))
+        for key in nmodel.series:
+            prov[f"network.series.{key}"] = f"calibrated: {', '.join(src)}"
+        for dom in nmodel.astra:
+            prov[f"network.astra_sim.{dom}"] = f"calibrated: {', '.join(src)}"
+            prov[f"network.astra_sim.{dom}.endpoint_delay_ns"] = ASTRA_ENDPOINT_SOURCE
+        if "inter" not in nmodel.astra:
+            prov["network.astra_sim.inter"] = "not calibrated: no bundle measured collectives across nodes"
+    else:
+        prov["network"] = "not calibrated: no collectives in the bundles"
+
+    pmodel, perr, pused = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
+    if pmodel is not None:
+        cal.power = pmodel.to_dict()
+        cal.errors.update(perr)
+        ids = ", ".join(pused)
+        prov["power.power_by_activity_w"] = f"calibrated: {ids}"
+        prov["power.peak_power_w"] = f"calibrated: {ids}"
+        prov["power.throttle_factor"] = f"calibrated: {ids}"
+        pk = peaks or _maybe_peaks(gpu_name)
+        prov["power.max_sm_clock_hz"] = f"configured: {pk.source}" if pk else f"calibrated: {ids} (largest clock seen)"
+    else:
+        prov["power"] = "not calibrated: no training bundle with telemetry and profiled kernels"
+
+    if not (cal.kernel or cal.network or cal.power):
+        raise CalibError(f"nothing to fit in {_ids(chosen)}: no kernels, collectives or telemetry")
+    return cal
+
+
+def _maybe_peaks(name: str) -> GpuPeaks | None:
+    try:
+        return peaks_for_gpu(name)
+    except CalibError:
+        return None

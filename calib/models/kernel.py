@@ -1,0 +1,283 @@
+"""Kernel-time model: a roofline with fitted efficiencies and a learned, clamped residual.
+
+For each op class (gemm, attention, memory, other; optionally split by dtype when there are
+enough points) the time of one kernel is
+
+    t = t0 + roofline * exp(g(x, z) + offset[aten_op]),
+    roofline = max(flops / peak_flops(dtype), bytes / peak_mem_bw)
+
+where x = log10 of the work (FLOPs for gemm/attention, bytes for memory/other), z = log10 of the
+arithmetic intensity (FLOPs/byte; gemm/attention only) and g is piecewise linear in x plus
+linear in z, both CLAMPED to the measured range. Inside the range g follows the data; beyond it
+the efficiency of the nearest measured end is kept, so a full-size GEMM is predicted at the
+efficiency of the largest measured one (time grows with its FLOPs). t0 is a fitted per-class
+floor (launch and tail latency); offset is a per-aten-op constant in log space, shrunk toward 0
+(an op never measured gets 0: the class curve). The reported `efficiency` is the work term's roofline/time at
+the largest measured work.
+
+Rows without any work (an "other" op whose FLOPs and bytes are unknown) are predicted by the
+median measured time of the same aten op, else of their class.
+
+Everything fitted is plain numbers (`to_dict`/`from_dict`), no pickles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, RegressorMixin
+
+from calib.errors import CalibError
+from calib.models.common import choose_knots, hinge_basis, ridge_fit
+from calib.models.peaks import GpuPeaks, normalize_dtype
+
+OP_CLASSES = ("gemm", "attention", "memory", "other")
+COMPUTE_CLASSES = ("gemm", "attention")
+# A class with no measured kernels of its own is predicted with the model of a related class.
+FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
+OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
+SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype"]
+
+
+_GEMM_FAMILY = {"addmm": "mm", "linear": "mm", "matmul": "mm", "baddbmm": "bmm", "addbmm": "bmm"}
+
+
+def op_family(aten_op: str) -> str:
+    """The op an offset is learned for: in-place and out-of-place variants share one (add_ = add),
+    and GEMMs with a fused add share the plain one (addmm = mm, baddbmm = bmm)."""
+    name = str(aten_op or "").removeprefix("aten::").strip("_")
+    return _GEMM_FAMILY.get(name, name)
+
+
+def _col(df: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
+    if name in df.columns:
+        return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+    return np.full(len(df), default)
+
+
+def _str_col(df: pd.DataFrame, name: str) -> np.ndarray:
+    if name in df.columns:
+        return df[name].fillna("").astype(str).to_numpy()
+    return np.full(len(df), "", dtype=object)
+
+
+class KernelModel(BaseEstimator, RegressorMixin):
+    """scikit-learn regressor: DataFrame of OpRecord fields -> kernel time in seconds."""
+
+    def __init__(
+        self,
+        peaks: GpuPeaks | None = None,
+        max_segments: int = 4,
+        min_points: int = 8,
+        alpha: float = 1e-3,
+    ) -> None:
+        self.peaks = peaks
+        self.max_segments = max_segments
+        self.min_points = min_points
+        self.alpha = alpha
+
+    # ---- features ------------------------------------------------------------------------
+    def _features(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
+        if self.peaks is None:
+            raise CalibError("kernel model has no peak rates (configure the GPU)")
+        flops = np.nan_to_num(_col(X, "flops"), nan=0.0)
+        nbytes = np.nan_to_num(_col(X, "bytes"), nan=0.0)
+        dtypes = np.array([normalize_dtype(d) for d in _str_col(X, "dtype")], dtype=object)
+        classes = _str_col(X, "op_class")
+        peak_f = np.array([self.peaks.flops_for(d) for d in dtypes])
+        roof = np.maximum(flops / peak_f, nbytes / self.peaks.mem_bytes_per_s)
+        compute = np.isin(classes, COMPUTE_CLASSES)
+        work = np.where(compute & (flops > 0), flops, nbytes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(work > 0, np.log10(np.maximum(work, 1.0)), np.nan)
+            z = np.where((flops > 0) & (nbytes > 0), np.log10(np.maximum(flops, 1.0) / np.maximum(nbytes, 1.0)), 0.0)
+        aten = np.array([op_family(a) for a in _str_col(X, "aten_op")], dtype=object)
+        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten}
+
+    # ---- fitting -------------------------------------------------------------------------
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> KernelModel:
+        y = np.asarray(y, dtype=float)
+        if len(X) != len(y):
+            raise CalibError(f"kernel model: {len(X)} shapes but {len(y)} times")
+        if not np.all(np.isfinite(y)) or np.any(y <= 0):
+            raise CalibError("kernel model: kernel times must be positive finite seconds")
+        f = self._features(X)
+        self.groups_: dict[str, dict] = {}
+        self.constants_: dict[str, float] = {}
+        sized = np.isfinite(f["x"]) & (f["roof"] > 0)
+        for cls in OP_CLASSES:
+            in_cls = f["classes"] == cls
+            sel = in_cls & sized
+            if sel.sum() >= self.min_points:
+                self.groups_[cls] = self._fit_group(f, y, sel, cls)
+                for dt in sorted(set(f["dtypes"][sel].tolist())):
+                    sub = sel & (f["dtypes"] == dt)
+                    # A dtype gets its own curve only when it has enough points and is not the whole class.
+                    if self.min_points <= sub.sum() < sel.sum():
+                        self.groups_[f"{cls}/{dt}"] = self._fit_group(f, y, sub, cls)
+            unsized = in_cls & ~sized
+            if unsized.any():
+                self.constants_[cls] = float(np.median(y[unsized]))
+                for op in sorted(set(f["aten"][unsized].tolist()) - {""}):
+                    self.constants_[f"{cls}/{op}"] = float(np.median(y[unsized & (f["aten"] == op)]))
+        if not self.groups_:
+            raise CalibError(
+                f"kernel model: too few sized kernels to fit (need {self.min_points} of one op class, "
+                f"have {int(sized.sum())} in all)"
+            )
+        return self
+
+    def _fit_group(self, f: dict, y: np.ndarray, sel: np.ndarray, cls: str) -> dict:
+        x, z, roof, yy, ops = f["x"][sel], f["z"][sel], f["roof"][sel], y[sel], f["aten"][sel]
+        knots = choose_knots(x, self.max_segments)
+        use_z = cls in COMPUTE_CLASSES and np.ptp(z) > 0.05
+        zr = [float(z.min()), float(z.max())] if use_z else [0.0, 0.0]
+        a = self._design(x, z, knots, zr, use_z)
+        names = sorted(set(ops.tolist()))
+        idx = np.array([names.index(o) for o in ops])
+        # A fixed floor t0 (launch and tail latency) plus the work term: t0 is chosen on a grid
+        # below the fastest kernel; for each t0 the residual curve g and one log-offset per aten op
+        # (shrunk toward 0 with weight OFFSET_PRIOR points: bmm runs slower than mm, softmax
+        # slower than a copy) are fitted by alternating least squares in log space.
+        best: tuple[float, float, np.ndarray, np.ndarray] | None = None
+        for frac in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+            t0 = frac * float(yy.min())
+            g = np.log(yy - t0) - np.log(roof)
+            off = np.zeros(len(names))
+            for _ in range(4):
+                coef = ridge_fit(a, g - off[idx], alpha=self.alpha)
+                res = g - a @ coef
+                off = np.bincount(idx, weights=res, minlength=len(names)) / (
+                    np.bincount(idx, minlength=len(names)) + OFFSET_PRIOR)
+            pred = t0 + roof * np.exp(a @ coef + off[idx])
+            err = float(np.mean(np.abs(pred - yy) / yy))
+            if best is None or err < best[0]:
+                best = (err, t0, coef, off)
+        assert best is not None
+        _, t0, coef, off = best
+        group = {"t0_s": t0, "knots": [float(k) for k in knots], "coef": [float(c) for c in coef],
+                 "z_range": zr, "use_z": bool(use_z), "count": int(sel.sum()),
+                 "op_offsets": {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}}
+        g_top = float((self._design(np.array([knots[-1]]), np.array([zr[1]]), knots, zr, use_z) @ coef)[0])
+        group["efficiency"] = float(math.exp(-g_top))
+        return group
+
+    @staticmethod
+    def _design(x: np.ndarray, z: np.ndarray, knots: list[float], zr: list[float], use_z: bool) -> np.ndarray:
+        a = hinge_basis(x, knots)
+        if use_z:
+            a = np.column_stack([a, np.clip(z, zr[0], zr[1]) - zr[0]])
+        return a
+
+    # ---- prediction ----------------------------------------------------------------------
+    def _group_for(self, cls: str, dtype: str) -> dict | None:
+        for key in (f"{cls}/{dtype}", cls, FALLBACK.get(cls, "")):
+            if key in getattr(self, "groups_", {}):
+                return self.groups_[key]
+        return None
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        if not hasattr(self, "groups_"):
+            raise CalibError("kernel model is not fitted")
+        f = self._features(X)
+        out = np.full(len(X), np.nan)
+        sized = np.isfinite(f["x"]) & (f["roof"] > 0)
+        keys = np.array([f"{c}\0{d}" for c, d in zip(f["classes"], f["dtypes"], strict=True)], dtype=object)
+        for key in set(keys[sized].tolist()):
+            cls, dt = key.split("\0")
+            grp = self._group_for(cls, dt)
+            if grp is None:
+                continue
+            sel = sized & (keys == key)
+            a = self._design(f["x"][sel], f["z"][sel], grp["knots"], grp["z_range"], grp["use_z"])
+            offs = grp.get("op_offsets", {})
+            g = a @ np.asarray(grp["coef"]) + np.array([offs.get(op, 0.0) for op in f["aten"][sel]])
+            out[sel] = float(grp.get("t0_s", 0.0)) + f["roof"][sel] * np.exp(g)
+        for i in np.flatnonzero(np.isnan(out)):
+            out[i] = self._no_work_time(str(f["classes"][i]), str(f["dtypes"][i]), str(f["aten"][i]))
+        return out
+
+    def _no_work_time(self, cls: str, dtype: str, aten: str) -> float:
+        """An op without FLOPs/bytes: the median measured time of that op or class, else the time of
+        the smallest measured kernel of its class (a kernel doing next to nothing costs a launch)."""
+        for key in (f"{cls}/{aten}", cls, FALLBACK.get(cls, "")):
+            if key in self.constants_:
+                return self.constants_[key]
+        grp = self._group_for(cls, dtype)
+        if grp is None:
+            raise CalibError(
+                f"kernel model cannot predict a {cls or '?'} op ({aten or 'no aten op'}): "
+                "it has neither FLOPs/bytes nor a measured class to take a launch time from"
+            )
+        x0 = np.array([grp["knots"][0]])
+        a = self._design(x0, np.array([grp["z_range"][0]]), grp["knots"], grp["z_range"], grp["use_z"])
+        cls_of_grp = next((c for c in OP_CLASSES if self.groups_.get(c) is grp), cls)
+        peak = self.peaks.flops_for(dtype) if cls_of_grp in COMPUTE_CLASSES else self.peaks.mem_bytes_per_s
+        return float(grp.get("t0_s", 0.0) + 10 ** x0[0] / peak * math.exp(float((a @ np.asarray(grp["coef"]))[0])))
+
+    def score(self, X: pd.DataFrame, y: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
+        """1 - MAPE (fraction): higher is better, as scikit-learn expects of a score."""
+        pred = self.predict(X)
+        rel = np.abs(pred - np.asarray(y, dtype=float)) / np.asarray(y, dtype=float)
+        w = np.ones_like(rel) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        return float(1.0 - np.average(rel, weights=w))
+
+    # ---- plain-data export ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        if not hasattr(self, "groups_"):
+            raise CalibError("kernel model is not fitted")
+        return {
+            "form": "t0 + roofline x exp(clamped piecewise-linear residual in log10 work, linear in log10 "
+                    "intensity, + per-aten-op offset)",
+            "peaks": self.peaks.to_dict() if self.peaks else None,
+            "classes": self.groups_,
+            "constants_s": self.constants_,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KernelModel:
+        peaks = GpuPeaks.from_dict(data["peaks"]) if data.get("peaks") else None
+        model = cls(peaks=peaks)
+        model.groups_ = {str(k): _checked_group(str(k), dict(v)) for k, v in (data.get("classes") or {}).items()}
+        model.constants_ = {str(k): float(v) for k, v in (data.get("constants_s") or {}).items()}
+        return model
+
+
+def _checked_group(name: str, g: dict) -> dict:
+    """A class curve read from a file: refuse one whose numbers cannot make a prediction."""
+    knots, coef = list(g.get("knots") or []), list(g.get("coef") or [])
+    use_z = bool(g.get("use_z", False))
+    want = len(knots) + (1 if use_z else 0)
+    if len(knots) < 2 or len(coef) != want or len(g.get("z_range") or []) != 2:
+        raise ValueError(f"kernel class {name}: needs >= 2 knots, {want} coefficients and a z_range")
+    g["knots"], g["coef"] = [float(k) for k in knots], [float(c) for c in coef]
+    g["z_range"] = [float(z) for z in g["z_range"]]
+    g["t0_s"] = float(g.get("t0_s", 0.0))
+    g["op_offsets"] = {str(k): float(v) for k, v in (g.get("op_offsets") or {}).items()}
+    return g
+
+
+def shape_keys(df: pd.DataFrame) -> pd.Series:
+    """One string per row naming its shape (the SHAPE_COLUMNS values); rows of one shape share it."""
+    keys = df[SHAPE_COLUMNS[0]].map(str) if SHAPE_COLUMNS[0] in df.columns else pd.Series("", index=df.index)
+    for col in SHAPE_COLUMNS[1:]:
+        keys = keys + "|" + (df[col].map(str) if col in df.columns else "nan")
+    return keys
+
+
+def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Collapse kernel rows to one row per distinct shape: (shapes, median time_s, instance count).
+
+    Held-out errors are computed over shapes, so the same GEMM seen 200 times counts once and a
+    fold never holds a shape that its training part also saw.
+    """
+    df = kernels.copy()
+    for col in SHAPE_COLUMNS:
+        if col not in df.columns:
+            df[col] = np.nan if col not in ("op_class", "aten_op", "dtype") else ""
+    df = df.assign(_key=shape_keys(df).to_numpy())
+    agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))
+    first = df.drop_duplicates("_key").set_index("_key").loc[agg.index, SHAPE_COLUMNS]
+    return first.reset_index(drop=True), agg["time_s"].to_numpy(float), agg["count"].to_numpy(int)

@@ -1,0 +1,296 @@
+"""Collective-time model per network domain, collective kind and group size, and its ASTRA-sim export.
+
+Sizes follow the nccl-tests convention (the bundle's collectives.parquet): all-reduce and
+broadcast by the buffer, all-gather by its total output (n x the per-rank input), reduce-scatter
+by its total input, all-to-all by the per-rank send buffer, send/recv by the message.
+
+Per series (domain, kind, group size) the time of one collective is
+
+    t(S) = (alpha + S * bus_factor(kind, n) / busbw) * exp(r(log10 S))
+
+alpha (latency) and busbw (asymptotic bus bandwidth, nccl-tests' busbw) are fitted by weighted
+least squares on relative error; r is a piecewise-linear residual in log size, clamped to the
+measured size range (beyond the largest size the bandwidth regime holds with the efficiency of
+the largest size). A group size that was not measured borrows the nearest measured size's series
+with busbw held constant (the premise of nccl-tests' bus bandwidth).
+
+`astra_params()` gives the closest ASTRA-sim parameters per domain: one bandwidth (GB/s, 2^30) and
+latency (ns) for the dimension, the endpoint delay and the implementation per collective, fitted
+to the same measurements through the congestion-unaware analytical formulas of ASTRA-sim
+(docs: reference/astra-sim.md, "Collective time"), with the error that simplification costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calib.errors import CalibError
+from calib.models.common import ClampedPiecewise, error_stat
+from calib.units import MIB, bytes_per_s_to_astra_bw_gbps
+
+KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "sendrecv")
+ASTRA_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall")
+ASTRA_IMPLS = ("ring", "direct")
+DEFAULT_ENDPOINT_DELAY_NS = 10.0  # ASTRA-sim's default; groups smaller than the cluster always use 10 ns
+SWITCH_HOPS = 2  # ASTRA-sim counts a Switch dimension as two hops (reference/astra-sim.md)
+MIN_SERIES_POINTS = 3
+
+
+def normalize_kind(kind: str) -> str:
+    k = re.sub(r"[^a-z0-9]", "", str(kind).lower())
+    k = k.replace("into", "").replace("tensor", "").replace("base", "").replace("single", "").replace("coalesced", "")
+    aliases = {"send": "sendrecv", "recv": "sendrecv", "p2p": "sendrecv", "sendreceive": "sendrecv",
+               "alltoallv": "alltoall"}
+    k = aliases.get(k, k)
+    if k not in KINDS:
+        raise CalibError(f"collective kind {kind!r} is not one of {', '.join(KINDS)}")
+    return k
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor."""
+    k = normalize_kind(kind)
+    if n <= 1:
+        return 1.0
+    if k == "allreduce":
+        return 2.0 * (n - 1) / n
+    if k in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _fit_alpha_beta(s: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """t = alpha + beta*s, minimizing relative squared error, alpha >= 0, beta > 0."""
+    a = np.column_stack([np.ones_like(s), s]) / t[:, None]
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    alpha, beta = float(coef[0]), float(coef[1])
+    if alpha < 0 or beta <= 0:
+        # Fall back to the two regimes read off directly: smallest time, largest sizes' slope.
+        alpha = float(max(0.0, np.min(t) * 0.9)) if alpha < 0 else alpha
+        big = s >= np.quantile(s, 0.75)
+        beta = float(np.median(np.maximum(t[big] - alpha, 1e-12) / s[big]))
+    return alpha, beta
+
+
+@dataclass
+class Series:
+    """One fitted (domain, kind, group size) curve; plain numbers."""
+
+    domain: str
+    kind: str
+    group_size: int
+    alpha_s: float
+    busbw_bytes_per_s: float
+    residual: ClampedPiecewise
+    count: int
+    bytes_range: tuple[float, float]
+
+    def predict(self, nbytes: np.ndarray, group_size: int | None = None) -> np.ndarray:
+        n = self.group_size if group_size is None else group_size
+        s = np.asarray(nbytes, dtype=float)
+        base = self.alpha_s + s * bus_factor(self.kind, n) / self.busbw_bytes_per_s
+        return base * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
+
+    @classmethod
+    def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 4) -> Series:
+        s = np.asarray(nbytes, dtype=float)
+        t = np.asarray(t, dtype=float)
+        if len(s) < MIN_SERIES_POINTS:
+            raise CalibError(f"collective {kind} over {n} GPUs ({domain}): {len(s)} size(s), need {MIN_SERIES_POINTS}")
+        alpha, beta = _fit_alpha_beta(s * bus_factor(kind, n), t)
+        base = alpha + beta * s * bus_factor(kind, n)
+        segs = max(1, min(max_segments, len(s) // 3))
+        resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
+        return cls(domain, kind, n, alpha, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())))
+
+    def to_dict(self) -> dict:
+        return {
+            "domain": self.domain, "kind": self.kind, "group_size": self.group_size, "alpha_s": self.alpha_s,
+            "busbw_bytes_per_s": self.busbw_bytes_per_s, "residual": self.residual.to_dict(), "count": self.count,
+            "bytes_range": [float(self.bytes_range[0]), float(self.bytes_range[1])],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Series:
+        return cls(str(d["domain"]), str(d["kind"]), int(d["group_size"]), float(d["alpha_s"]),
+                   float(d["busbw_bytes_per_s"]), ClampedPiecewise.from_dict(d["residual"]), int(d["count"]),
+                   (float(d["bytes_range"][0]), float(d["bytes_range"][1])))
+
+
+# ---- ASTRA-sim's analytical formulas (one dimension, one chunk, free reduction) ------------
+
+
+def astra_collective_time_s(
+    kind: str, n: int, nbytes: np.ndarray, bandwidth_gbps: float, latency_ns: float, impl: str,
+    endpoint_delay_ns: float = DEFAULT_ENDPOINT_DELAY_NS, hops: int = SWITCH_HOPS,
+) -> np.ndarray:
+    """Time ASTRA-sim's congestion-unaware backend gives one collective on one dimension of n NPUs.
+
+    `nbytes` is nccl-tests-sized; ASTRA-sim's all-gather comm_size is the per-rank shard (S/n).
+    One chunk (preferred-dataset-splits 1) and no local-mem-bw (reduction free), as calib emits.
+    """
+    s = np.asarray(nbytes, dtype=float)
+    bp = bandwidth_gbps * 2**30 / 1e9  # bytes per ns
+
+    def msg(m: np.ndarray) -> np.ndarray:
+        return hops * latency_ns + m / bp
+
+    e = endpoint_delay_ns
+    k = normalize_kind(kind)
+    if k == "sendrecv" or n <= 1:
+        return msg(s) * 1e-9
+    shard = s / n
+    if impl == "ring":
+        steps = {"allreduce": 2 * (n - 1), "reducescatter": n - 1, "allgather": n - 1, "alltoall": n * (n - 1) // 2}
+    elif impl == "direct":
+        steps = {"allreduce": 2, "reducescatter": 1, "allgather": 1, "alltoall": 1}
+    else:
+        raise CalibError(f"ASTRA-sim implementation {impl!r} is not modelled by calib's fit (ring, direct)")
+    if k not in steps:
+        raise CalibError(f"ASTRA-sim does not simulate {kind} as a collective")
+    return (steps[k] * (msg(shard) + e) + e) * 1e-9
+
+
+def _astra_coeffs(kind: str, n: int, s: np.ndarray, impl: str, e: float, hops: int) -> np.ndarray:
+    """Columns (c_lat, c_invbw, c_const) with t_ns = c_lat*latency + c_invbw/Bp + c_const."""
+    k = normalize_kind(kind)
+    if k == "sendrecv" or n <= 1:
+        return np.column_stack([np.full_like(s, hops), s, np.zeros_like(s)])
+    steps = {"ring": {"allreduce": 2 * (n - 1), "reducescatter": n - 1, "allgather": n - 1, "alltoall": n * (n - 1) // 2},
+             "direct": {"allreduce": 2, "reducescatter": 1, "allgather": 1, "alltoall": 1}}[impl][k]
+    return np.column_stack([np.full_like(s, steps * hops), steps * s / n, np.full_like(s, steps * e + e)])
+
+
+@dataclass
+class AstraFit:
+    domain: str
+    bandwidth_gbps: float
+    latency_ns: float
+    endpoint_delay_ns: float
+    implementation: dict[str, str]
+    topology: str
+    error_all: dict
+    error_1mib: dict
+
+    def to_dict(self) -> dict:
+        return {
+            "topology": self.topology, "bandwidth_gbps": self.bandwidth_gbps, "latency_ns": self.latency_ns,
+            "endpoint_delay_ns": self.endpoint_delay_ns, "implementation": dict(self.implementation),
+            "error_all_sizes": self.error_all, "error_ge_1mib": self.error_1mib,
+        }
+
+
+def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]],
+              endpoint_delay_ns: float = DEFAULT_ENDPOINT_DELAY_NS) -> AstraFit:
+    """Closest (bandwidth, latency, implementation per kind) for one Switch dimension.
+
+    Points are (kind, n, bytes, measured seconds) series. For each combination of implementations,
+    (latency, 1/bandwidth) come from non-negative least squares on relative error (sizes below
+    1 MiB weighted 0.1); the combination
+    with the lowest mean relative error over sizes >= 1 MiB wins (large messages dominate step time),
+    ties broken on all sizes.
+    """
+    from scipy.optimize import nnls
+
+    pts = [(normalize_kind(k), n, np.asarray(s, float), np.asarray(t, float)) for k, n, s, t in points]
+    pts = [p for p in pts if p[0] in (*ASTRA_KINDS, "sendrecv")]
+    if not pts:
+        raise CalibError(f"network domain {domain}: no collective ASTRA-sim simulates was measured")
+    kinds = sorted({k for k, *_ in pts if k in ASTRA_KINDS})
+    best: tuple | None = None
+    for combo in itertools.product(ASTRA_IMPLS, repeat=len(kinds)):
+        impl = dict(zip(kinds, combo, strict=True))
+        rows, ts = [], []
+        for k, n, s, t in pts:
+            rows.append(_astra_coeffs(k, n, s, impl.get(k, "ring"), endpoint_delay_ns, SWITCH_HOPS))
+            ts.append(t * 1e9)
+        c = np.vstack(rows)
+        tm = np.concatenate(ts)
+        sizes = np.concatenate([s for _, _, s, _ in pts])
+        # Relative least squares; sizes below 1 MiB count a tenth (they are a small part of a step).
+        w = np.where(sizes >= MIB, 1.0, 0.1)[:, None] ** 0.5
+        a = c[:, :2] / tm[:, None] * w
+        b = (1.0 - c[:, 2] / tm) * w[:, 0]
+        sol, _ = nnls(a, b)
+        lat, inv_bp = float(sol[0]), float(max(sol[1], 1e-12))
+        pred = c[:, 0] * lat + c[:, 1] * inv_bp + c[:, 2]
+        rel = np.abs(pred - tm) / tm
+        big = sizes >= MIB
+        key = (float(rel[big].mean()) if big.any() else float(rel.mean()), float(rel.mean()))
+        if best is None or key < best[0]:
+            best = (key, impl, lat, inv_bp, pred, tm, big)
+    assert best is not None
+    _, impl, lat, inv_bp, pred, tm, big = best
+    bw_gbps = bytes_per_s_to_astra_bw_gbps(1e9 / inv_bp)
+    return AstraFit(
+        domain, float(bw_gbps), lat, endpoint_delay_ns, {k: impl.get(k, "ring") for k in ASTRA_KINDS}, "Switch",
+        error_stat(pred, tm, "in-sample, 2 parameters").to_dict(),
+        error_stat(pred[big], tm[big], "in-sample, 2 parameters, sizes >= 1 MiB").to_dict(),
+    )
+
+
+@dataclass
+class CollectiveModel:
+    """Fitted collective times: predict(kind, group_size, bytes) -> seconds."""
+
+    series: dict[str, Series] = field(default_factory=dict)  # key "domain/kind/n"
+    astra: dict[str, AstraFit | dict] = field(default_factory=dict)  # by domain
+    gpus_per_node: int = 8
+
+    @staticmethod
+    def key(domain: str, kind: str, n: int) -> str:
+        return f"{domain}/{kind}/{n}"
+
+    def domains(self) -> list[str]:
+        return sorted({s.domain for s in self.series.values()})
+
+    def domain_for(self, group_size: int) -> str:
+        return "intra" if group_size <= self.gpus_per_node else "inter"
+
+    def _series_for(self, kind: str, group_size: int, domain: str) -> Series:
+        k = normalize_kind(kind)
+        exact = self.series.get(self.key(domain, k, group_size))
+        if exact is not None:
+            return exact
+        same = [s for s in self.series.values() if s.domain == domain and s.kind == k]
+        if not same:
+            # Broadcast/reduce behave like one pass over the buffer: borrow all-reduce's series.
+            same = [s for s in self.series.values() if s.domain == domain and s.kind == "allreduce"]
+        if not same:
+            have = ", ".join(sorted(self.series)) or "nothing"
+            raise CalibError(f"network model has no {k} measurement in the {domain} domain (it has {have})")
+        return min(same, key=lambda s: (abs(np.log(s.group_size / group_size)), -s.group_size))
+
+    def predict(self, kind: str, group_size: int, nbytes: float | np.ndarray, domain: str | None = None
+                ) -> float | np.ndarray:
+        """Seconds for one collective (a float for a scalar size, an array for an array of sizes);
+        sizes in the nccl-tests convention (module docstring)."""
+        dom = domain or self.domain_for(int(group_size))
+        s = self._series_for(kind, int(group_size), dom)
+        arr = np.asarray(nbytes, dtype=float)
+        out = s.predict(np.atleast_1d(arr), int(group_size))
+        return float(out[0]) if arr.ndim == 0 else out.reshape(arr.shape)
+
+    def astra_params(self) -> dict[str, dict]:
+        return {d: (a.to_dict() if isinstance(a, AstraFit) else dict(a)) for d, a in self.astra.items()}
+
+    def to_dict(self) -> dict:
+        return {
+            "form": "(alpha + bytes * bus_factor / busbw) * exp(clamped piecewise residual in log10 bytes)",
+            "size_convention": "nccl-tests (all-gather: total output; reduce-scatter: total input)",
+            "gpus_per_node": self.gpus_per_node,
+            "series": {k: s.to_dict() for k, s in sorted(self.series.items())},
+            "astra_sim": self.astra_params(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CollectiveModel:
+        return cls(
+            {str(k): Series.from_dict(v) for k, v in (data.get("series") or {}).items()},
+            {str(k): dict(v) for k, v in (data.get("astra_sim") or {}).items()},
+            int(data.get("gpus_per_node", 8)),
+        )

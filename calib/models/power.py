@@ -1,0 +1,302 @@
+"""Per-GPU power as a function of what the GPU does, from energy counters over many steps.
+
+    power_w = sum_c  p_c * share_c,   c in (compute, memory, comm, idle),  sum_c share_c = 1
+
+share_c is the fraction of a profiled step's wall time in which the GPU ran a kernel of that
+activity (exclusive, by priority compute > memory > comm; idle = no kernel). p_c >= 0 are fitted
+by non-negative least squares across runs and GPUs on the mean power that the cumulative energy
+counter gives over the measured-step window (a 20 Hz power sample cannot resolve one step, the
+counter difference over many steps can). Idle readings (samples with the idle clock reason or
+zero utilization outside the window) add points with share_idle = 1.
+
+Also kept: peak power (largest instantaneous reading in any window) and clock throttling (mean SM
+clock under load vs the configured maximum, and how often each NVML clock-event reason was set).
+Kernel times measured under the same clocks already include that slowdown; `throttle_factor` is
+for a projection that wants to state it or to apply it to unthrottled rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from calib.errors import CalibError
+
+ACTIVITIES = ("compute", "memory", "comm", "idle")
+COMPUTE_CLASSES = {"gemm", "attention"}
+COMM_CLASSES = {"comm", "communication", "collective", "nccl"}
+# NVML clocks-event reason bits (nvml.h, nvmlClocksEventReason*).
+CLOCK_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+MIN_WINDOW_S = 1.0  # shorter windows leave the energy counter's update granularity visible
+
+
+def activity_of(op_class: str, name: str) -> str:
+    c = str(op_class or "").lower()
+    if c in COMM_CLASSES or str(name).startswith("nccl"):
+        return "comm"
+    if c in COMPUTE_CLASSES:
+        return "compute"
+    return "memory"
+
+
+def exclusive_shares(starts: np.ndarray, ends: np.ndarray, acts: list[str], span_s: float) -> dict[str, float]:
+    """Fractions of span_s covered by each activity, overlaps resolved compute > memory > comm."""
+    prio = {"compute": 0, "memory": 1, "comm": 2}
+    covered = dict.fromkeys(ACTIVITIES, 0.0)
+    if len(starts):
+        edges = np.unique(np.concatenate([starts, ends]))
+        active = np.zeros((len(edges) - 1, 3), dtype=bool)
+        for s, e, a in zip(starts, ends, acts, strict=True):
+            i0, i1 = np.searchsorted(edges, [s, e])
+            active[i0:i1, prio[a]] = True
+        widths = np.diff(edges)
+        taken = np.zeros(len(widths), dtype=bool)
+        for a, j in prio.items():
+            sel = active[:, j] & ~taken
+            covered[a] = float(widths[sel].sum())
+            taken |= sel
+    busy = sum(covered[a] for a in ("compute", "memory", "comm"))
+    if busy > span_s > 0:  # kernels spilling past the step's end: scale to the step
+        for a in ("compute", "memory", "comm"):
+            covered[a] *= span_s / busy
+        busy = span_s
+    covered["idle"] = max(span_s - busy, 0.0)
+    total = sum(covered.values())
+    return {a: (covered[a] / total if total > 0 else 0.0) for a in ACTIVITIES}
+
+
+@dataclass
+class PowerPoint:
+    """One GPU of one run: mean power over the measured-step window and its activity shares."""
+
+    bundle: str
+    config: str
+    gpu: int
+    shares: dict[str, float]
+    mean_power_w: float
+    energy_per_step_j: float
+    step_time_s: float
+    steps: int
+    window_s: float
+    peak_power_w: float
+    sm_clock_load_hz: float
+    reasons: dict[str, float] = field(default_factory=dict)
+
+
+def _measured_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The timed, unprofiled steps (steps.parquet holds no warm-up rows; profiled ones run slower)."""
+    plain = steps[~steps["profiled"].astype(bool)]
+    return plain if not plain.empty else steps
+
+
+def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint], list[float]]:
+    """Points of one training bundle with telemetry, plus idle power readings; ([], []) without telemetry."""
+    m = bundle.manifest
+    if m.kind != "training" or not bundle.has("telemetry") or not bundle.has("kernels"):
+        return [], []
+    tel = bundle.table("telemetry")
+    if tel.empty:
+        return [], []
+    steps = _measured_steps(bundle.table("steps"))
+    profiled = set(m.steps.profiled) or set(bundle.table("steps").loc[bundle.table("steps")["profiled"].astype(bool), "step"])
+    kernels = bundle.table("kernels")
+    win0 = float(steps["start_s"].min())
+    win1 = float((steps["start_s"] + steps["time_s"]).max())
+    n_steps = int(steps["step"].nunique())
+    if win1 - win0 < MIN_WINDOW_S:
+        raise CalibError(
+            f"bundle {bundle.path}: measured-step window is {win1 - win0:.3f} s; the energy counter needs "
+            f">= {MIN_WINDOW_S} s of steps"
+        )
+    ranks_per_gpu = _rank_to_gpu(bundle, gpu_count)
+    points: list[PowerPoint] = []
+    idle: list[float] = []
+    for gpu, g in tel.sort_values("t_s").groupby("gpu"):
+        t = g["t_s"].to_numpy(float)
+        e = g["energy_j"].to_numpy(float)
+        if t[0] > win0 or t[-1] < win1:
+            raise CalibError(
+                f"bundle {bundle.path}: telemetry of GPU {gpu} covers {t[0]:.3f}-{t[-1]:.3f} s but the "
+                f"measured steps run {win0:.3f}-{win1:.3f} s (same clock expected)"
+            )
+        e0, e1 = np.interp([win0, win1], t, e)
+        if not e1 > e0:
+            raise CalibError(f"bundle {bundle.path}: energy counter of GPU {gpu} did not increase over the steps")
+        inside = (t >= win0) & (t <= win1)
+        inst = g["power_instant_w"].to_numpy(float) if "power_instant_w" in g else g["power_w"].to_numpy(float)
+        inst = np.where(np.isfinite(inst), inst, g["power_w"].to_numpy(float))
+        peak = float(np.nanmax(inst[inside])) if inside.any() else float("nan")
+        clock = g["sm_clock_hz"].to_numpy(float) if "sm_clock_hz" in g else np.full(len(g), np.nan)
+        util = g["util_gpu"].to_numpy(float) if "util_gpu" in g else np.full(len(g), np.nan)
+        loaded = inside & (np.nan_to_num(util, nan=100.0) > 0)
+        sm_load = float(np.nanmean(clock[loaded])) if loaded.any() and np.isfinite(clock[loaded]).any() else float("nan")
+        reasons = _reason_fractions(g, loaded)
+        rsn = pd.to_numeric(g["clock_event_reasons"], errors="coerce").fillna(0).astype(np.int64).to_numpy() \
+            if "clock_event_reasons" in g else np.zeros(len(g), dtype=np.int64)
+        idle_mask = ~((t >= win0 - 1.0) & (t <= win1 + 1.0)) & (((rsn & 0x1) != 0) | (util == 0))
+        idle.extend(g["power_w"].to_numpy(float)[idle_mask].tolist())
+        ranks = ranks_per_gpu.get(int(gpu), [])
+        if not ranks:
+            continue
+        coll = bundle.table("collectives") if bundle.has("collectives") else None
+        shares = _shares_for_ranks(kernels, bundle.table("steps"), ranks, profiled, coll)
+        if shares is None:
+            continue
+        window = win1 - win0
+        points.append(PowerPoint(
+            bundle.id, m.spec.key() if m.spec else bundle.id, int(gpu), shares, float((e1 - e0) / window),
+            float((e1 - e0) / n_steps), window / n_steps, n_steps, window, peak, sm_load, reasons,
+        ))
+    return points, idle
+
+
+def _rank_to_gpu(bundle, gpu_count: int | None) -> dict[int, list[int]]:
+    """Ranks on each local GPU: rank r runs on GPU r mod (GPUs per host), as torchrun places them."""
+    m = bundle.manifest
+    world = m.spec.tp * m.spec.pp * m.spec.dp if m.spec else 1
+    per_host = gpu_count or m.gpu.count or world
+    out: dict[int, list[int]] = {}
+    for r in range(min(world, per_host)):
+        out.setdefault(r % per_host, []).append(r)
+    return out
+
+
+def _reason_fractions(g: pd.DataFrame, loaded: np.ndarray) -> dict[str, float]:
+    if "clock_event_reasons" not in g or not loaded.any():
+        return {}
+    codes = pd.to_numeric(g["clock_event_reasons"], errors="coerce").to_numpy(float)[loaded]
+    codes = codes[np.isfinite(codes)].astype(np.int64)
+    if codes.size == 0:
+        return {}
+    out = {}
+    for bit, name in CLOCK_REASONS.items():
+        frac = float(np.mean((codes & bit) != 0))
+        if frac > 0:
+            out[name] = round(frac, 4)
+    return out
+
+
+def _shares_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[int], profiled: set,
+                      collectives: pd.DataFrame | None = None) -> dict | None:
+    """Mean activity shares of these ranks over their profiled steps.
+
+    The profiled step's wall time comes from steps.parquet (the profiled rows, else every row of
+    the rank); kernels are grouped by their own `step` value. Collectives recorded in
+    collectives.parquet (no start times there) fill the time no compute/memory kernel covers,
+    up to their summed duration per step: comm kernels run while the compute stream waits.
+    """
+    acc = dict.fromkeys(ACTIVITIES, 0.0)
+    n = 0
+    for r in ranks:
+        kr = kernels[kernels["rank"] == r]
+        if kr.empty:
+            continue
+        srow = steps[steps["rank"] == r]
+        prof = srow[srow["step"].isin(profiled)] if profiled else srow.iloc[0:0]
+        span_default = float((prof if not prof.empty else srow)["time_s"].median())
+        groups = list(kr.groupby("step"))
+        comm_per_step = 0.0
+        if collectives is not None and not collectives.empty and "rank" in collectives.columns:
+            cr = collectives[collectives["rank"] == r]
+            comm_per_step = float(pd.to_numeric(cr["time_s"], errors="coerce").fillna(0).sum()) / max(len(groups), 1)
+        for step, ks in groups:
+            exact = srow[srow["step"] == step]
+            span = float(exact["time_s"].iloc[0]) if not exact.empty and step in profiled else span_default
+            st = ks["start_s"].to_numpy(float)
+            en = st + ks["time_s"].to_numpy(float)
+            acts = [activity_of(c, nm) for c, nm in zip(ks["op_class"], ks["name"], strict=True)]
+            sh = exclusive_shares(st, en, acts, span)
+            if comm_per_step > 0 and span > 0:
+                extra = min(comm_per_step / span, sh["idle"])
+                sh["comm"] += extra
+                sh["idle"] -= extra
+            for a in ACTIVITIES:
+                acc[a] += sh[a]
+            n += 1
+    if n == 0:
+        return None
+    return {a: acc[a] / n for a in ACTIVITIES}
+
+
+@dataclass
+class PowerModel:
+    """Fitted per-GPU power by activity; plain numbers."""
+
+    power_by_activity_w: dict[str, float]
+    peak_power_w: float = float("nan")
+    throttle_factor: float = 1.0  # max SM clock / mean SM clock under load (>= 1)
+    sm_clock_load_hz: float = float("nan")
+    max_sm_clock_hz: float = float("nan")
+    clock_reasons: dict[str, float] = field(default_factory=dict)
+    count: int = 0
+
+    def power_w(self, shares: dict[str, float]) -> float:
+        unknown = set(shares) - set(ACTIVITIES)
+        if unknown:
+            raise CalibError(f"power model: unknown activity {sorted(unknown)[0]!r} (known: {', '.join(ACTIVITIES)})")
+        total = sum(shares.values())
+        if not total > 0:
+            raise CalibError("power model: activity shares sum to zero")
+        return float(sum(self.power_by_activity_w[a] * shares.get(a, 0.0) for a in ACTIVITIES) / total)
+
+    def energy_j(self, step_time_s: float, shares: dict[str, float]) -> float:
+        """Energy of one GPU over one step of step_time_s with these activity shares."""
+        return self.power_w(shares) * step_time_s
+
+    @classmethod
+    def fit(cls, points: list[PowerPoint], idle_w: list[float] | None = None, max_sm_clock_hz: float = float("nan"),
+            min_points: int = 4) -> PowerModel:
+        from scipy.optimize import nnls
+
+        if len(points) < min_points:
+            raise CalibError(f"power model: {len(points)} GPU window(s) with telemetry, need at least {min_points}")
+        a = np.array([[p.shares[c] for c in ACTIVITIES] for p in points])
+        y = np.array([p.mean_power_w for p in points])
+        w = np.ones(len(points))
+        if idle_w:
+            # The idle readings enter as one point (their median) weighted like one GPU window.
+            a = np.vstack([a, [0.0, 0.0, 0.0, 1.0]])
+            y = np.append(y, float(np.median(idle_w)))
+            w = np.append(w, 1.0)
+        # Relative error: divide each row by its measured power.
+        sol, _ = nnls(a * (w / y)[:, None], w)
+        pw = {c: float(v) for c, v in zip(ACTIVITIES, sol, strict=True)}
+        peak = float(np.nanmax([p.peak_power_w for p in points]))
+        clocks = np.array([p.sm_clock_load_hz for p in points], dtype=float)
+        sm_load = float(np.nanmean(clocks)) if np.isfinite(clocks).any() else float("nan")
+        mx = max_sm_clock_hz
+        if np.isfinite(clocks).any():
+            mx = float(np.nanmax([mx if np.isfinite(mx) else 0.0, np.nanmax(clocks)]))
+        factor = float(mx / sm_load) if np.isfinite(sm_load) and sm_load > 0 and np.isfinite(mx) else 1.0
+        reasons: dict[str, float] = {}
+        for p in points:
+            for k, v in p.reasons.items():
+                reasons[k] = reasons.get(k, 0.0) + v / len(points)
+        return cls(pw, peak, factor, sm_load, mx, {k: round(v, 4) for k, v in reasons.items()}, len(points))
+
+    def to_dict(self) -> dict:
+        return {
+            "form": "sum over activities of power_w * time share (compute, memory, comm, idle)",
+            "power_by_activity_w": dict(self.power_by_activity_w),
+            "peak_power_w": self.peak_power_w,
+            "throttle_factor": self.throttle_factor,
+            "sm_clock_load_hz": self.sm_clock_load_hz,
+            "max_sm_clock_hz": self.max_sm_clock_hz,
+            "clock_reasons_fraction": dict(self.clock_reasons),
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PowerModel:
+        return cls(
+            {str(k): float(v) for k, v in d["power_by_activity_w"].items()},
+            float(d.get("peak_power_w", float("nan"))), float(d.get("throttle_factor", 1.0)),
+            float(d.get("sm_clock_load_hz", float("nan"))), float(d.get("max_sm_clock_hz", float("nan"))),
+            {str(k): float(v) for k, v in (d.get("clock_reasons_fraction") or {}).items()}, int(d.get("count", 0)),
+        )

@@ -1,0 +1,232 @@
+"""The one op classification: an aten op (name, input shapes, input types) -> OpRecord.
+
+Used for every measured kernel (the converter fills kernels.parquet with these fields), by the
+workload generator for every op it emits, and by the kernel model that predicts a time from them.
+Classes: gemm (m, n, k, batch, flops = 2*m*n*k*batch), attention (m = query length, n = key length,
+k = head dim, batch = batch x heads, flops = 4*batch*m*n*k forward, 2.5x that backward, halved when
+causal), memory (bytes = input + output tensor bytes; flops 0), other (views, allocation, anything
+not an aten op). Shapes are logical shapes: a transposed operand (different strides) has the same m,
+n, k, so transposes need no special case.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Scalar type names as the PyTorch host trace writes them ("Tensor(c10::BFloat16)") -> (dtype, bytes)
+_DTYPES: dict[str, tuple[str, int]] = {
+    "float": ("float32", 4),
+    "c10::float": ("float32", 4),
+    "float32": ("float32", 4),
+    "double": ("float64", 8),
+    "c10::half": ("float16", 2),
+    "half": ("float16", 2),
+    "float16": ("float16", 2),
+    "c10::bfloat16": ("bfloat16", 2),
+    "bfloat16": ("bfloat16", 2),
+    "int": ("int32", 4),
+    "int32": ("int32", 4),
+    "long int": ("int64", 8),
+    "long": ("int64", 8),
+    "int64": ("int64", 8),
+    "short int": ("int16", 2),
+    "short": ("int16", 2),
+    "unsigned char": ("uint8", 1),
+    "signed char": ("int8", 1),
+    "bool": ("bool", 1),
+    "c10::float8_e4m3fn": ("float8_e4m3fn", 1),
+    "c10::float8_e5m2": ("float8_e5m2", 1),
+    "c10::float8_e4m3fnuz": ("float8_e4m3fnuz", 1),
+    "c10::float8_e5m2fnuz": ("float8_e5m2fnuz", 1),
+    "c10::complex<float>": ("complex64", 8),
+}
+# Collective dtype names (record_param_comms `dtype`, Kineto `dtype`) -> bytes per element.
+COMM_DTYPE_BYTES: dict[str, int] = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
+    "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8,
+}
+
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+            "aten::_scaled_mm", "aten::addbmm"}
+# (name, layout of q/k/v: "bhsd" or "bshd", backward?)
+ATTENTION_OPS: dict[str, tuple[str, bool]] = {
+    "aten::scaled_dot_product_attention": ("bhsd", False),
+    "aten::_scaled_dot_product_flash_attention": ("bhsd", False),
+    "aten::_scaled_dot_product_efficient_attention": ("bhsd", False),
+    "aten::_scaled_dot_product_cudnn_attention": ("bhsd", False),
+    "aten::_scaled_dot_product_attention_math": ("bhsd", False),
+    "aten::_scaled_dot_product_flash_attention_backward": ("bhsd", True),
+    "aten::_scaled_dot_product_efficient_attention_backward": ("bhsd", True),
+    "aten::_scaled_dot_product_cudnn_attention_backward": ("bhsd", True),
+    "aten::_flash_attention_forward": ("bshd", False),
+    "aten::_efficient_attention_forward": ("bshd", False),
+    "aten::_flash_attention_backward": ("bshd", True),
+    "aten::_efficient_attention_backward": ("bshd", True),
+}
+# Ops that move no data on the GPU (views, metadata, allocation, host sync).
+NO_DATA_OPS = {
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "transpose", "t", "permute",
+    "expand", "expand_as", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "view_as",
+    "empty", "empty_like", "empty_strided", "resize_", "set_", "lift_fresh", "item",
+    "_local_scalar_dense", "split", "split_with_sizes", "chunk", "unbind", "narrow", "contiguous",
+    "to", "numpy_T", "unflatten", "flatten", "view_as_real", "view_as_complex", "record_stream",
+}
+# Reductions: the output is small next to the input (used only when output shapes are unknown).
+REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "norm", "all", "any", "argmax", "argmin",
+              "_foreach_norm", "linalg_vector_norm", "std", "var", "prod"}
+# Compute-heavy non-GEMM ops that calib does not model as memory-bound.
+OTHER_COMPUTE = {"convolution", "_convolution", "cudnn_convolution", "convolution_backward", "sort",
+                 "topk", "nonzero", "unique", "_unique2", "multinomial"}
+
+_TENSOR_RE = re.compile(r"Tensor\(([^)]*)\)")
+
+
+@dataclass(slots=True)
+class OpRecord:
+    """One op's shape facts. flops in FLOP, bytes in bytes; m/n/k/batch are NaN when not a GEMM/attention."""
+
+    op_class: str  # gemm | attention | memory | other
+    aten_op: str
+    dtype: str = ""
+    m: float = math.nan
+    n: float = math.nan
+    k: float = math.nan
+    batch: float = math.nan
+    flops: float = 0.0
+    bytes: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_dtype(type_str: str) -> tuple[str, int] | None:
+    """("bfloat16", 2) for "Tensor(c10::BFloat16)"; None when not a tensor type."""
+    m = _TENSOR_RE.search(type_str)
+    if not m:
+        return None
+    return _DTYPES.get(m.group(1).strip().lower(), (m.group(1).strip(), 4))
+
+
+def _tensors(shapes: Sequence[Any], types: Sequence[str]) -> list[tuple[list[int], str, int]]:
+    """Flatten inputs (incl. GenericList[Tensor...]) to (shape, dtype, element bytes)."""
+    out: list[tuple[list[int], str, int]] = []
+    for shape, typ in zip(shapes, types, strict=False):
+        typ = str(typ)
+        if typ.startswith("GenericList[") or typ.startswith("Tuple["):
+            elems = _TENSOR_RE.findall(typ)
+            if not elems or not isinstance(shape, list):
+                continue
+            subs = [s for s in shape if isinstance(s, list)]
+            for sub, el in zip(subs, elems, strict=False):
+                dt = _DTYPES.get(el.strip().lower(), (el.strip(), 4))
+                out.append((_ints(sub), dt[0], dt[1]))
+            continue
+        dt = parse_dtype(typ)
+        if dt is not None and isinstance(shape, list):
+            out.append((_ints(shape), dt[0], dt[1]))
+    return out
+
+
+def _ints(shape: Sequence[Any]) -> list[int]:
+    return [int(x) for x in shape if isinstance(x, int | float)]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _gemm(name: str, ts: list[tuple[list[int], str, int]]) -> tuple[int, int, int, int] | None:
+    """(m, n, k, batch) of a GEMM from its operand shapes, or None when the shapes do not fit."""
+    short = name.split("::")[-1]
+    mats = [t[0] for t in ts]
+    if short in ("addmm", "baddbmm", "addbmm") and len(mats) >= 3:
+        mats = mats[1:3]  # the first input is the bias / accumulator
+    elif short == "linear" and len(mats) >= 2:
+        x, w = mats[0], mats[1]
+        if len(w) != 2 or not x:
+            return None
+        return _numel(x[:-1]), w[0], w[1], 1
+    if len(mats) < 2:
+        return None
+    a, b = mats[0], mats[1]
+    if short in ("mm", "_scaled_mm") and len(a) == 2 and len(b) == 2:
+        return a[0], b[1], a[1], 1
+    if short in ("bmm", "baddbmm") and len(a) == 3 and len(b) == 3:
+        return a[1], b[2], a[2], a[0]
+    if short == "addbmm" and len(a) == 3 and len(b) == 3:
+        return a[1], b[2], a[2], a[0]
+    # matmul: numpy broadcasting rules
+    if not a or not b:
+        return None
+    if len(a) == 1:
+        a = [1, a[0]]
+    if len(b) == 1:
+        b = [b[0], 1]
+    if len(b) == 2:  # (..., m, k) x (k, n): the batch folds into m
+        return _numel(a[:-1]), b[1], a[-1], 1
+    batch_a, batch_b = a[:-2], b[:-2]
+    nd = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (nd - len(batch_a)) + batch_a
+    batch_b = [1] * (nd - len(batch_b)) + batch_b
+    batch = math.prod(max(x, y) for x, y in zip(batch_a, batch_b, strict=True))
+    return a[-2], b[-1], a[-1], batch
+
+
+def _attention(layout: str, ts: list[tuple[list[int], str, int]], backward: bool) -> tuple[int, int, int, int] | None:
+    """(s_q, s_kv, head_dim, batch*heads) from q and k (after grad_out for backward ops)."""
+    four_d = [t[0] for t in ts if len(t[0]) == 4]
+    if backward:
+        four_d = four_d[1:]  # grad_out comes first
+    if len(four_d) < 2:
+        return None
+    q, k = four_d[0], four_d[1]
+    if layout == "bhsd":
+        return q[2], k[2], q[3], q[0] * q[1]
+    return q[1], k[1], q[3], q[0] * q[2]
+
+
+def classify(
+    aten_name: str,
+    input_shapes: Sequence[Any],
+    input_types: Sequence[str],
+    output_shapes: Sequence[Any] | None = None,
+    output_types: Sequence[str] | None = None,
+    causal: bool | None = None,
+) -> OpRecord:
+    """Classify one op; outputs, when given, make `bytes` exact for memory-bound ops."""
+    ins = _tensors(input_shapes, input_types)
+    outs = _tensors(output_shapes or [], output_types or [])
+    dtype = ins[0][1] if ins else (outs[0][1] if outs else "")
+    in_bytes = sum(_numel(s) * eb for s, _, eb in ins)
+    out_bytes = sum(_numel(s) * eb for s, _, eb in outs)
+    short = aten_name.split("::")[-1] if aten_name.startswith("aten::") else ""
+
+    if aten_name in GEMM_OPS:
+        g = _gemm(aten_name, ins)
+        if g is not None:
+            m, n, k, batch = g
+            if output_shapes is None:
+                out_bytes = m * n * batch * (ins[0][2] if ins else 2)
+            return OpRecord("gemm", aten_name, dtype, m, n, k, batch, 2.0 * m * n * k * batch, float(in_bytes + out_bytes))
+    if aten_name in ATTENTION_OPS:
+        layout, backward = ATTENTION_OPS[aten_name]
+        a = _attention(layout, ins, backward)
+        if a is not None:
+            sq, skv, d, bh = a
+            flops = 4.0 * bh * sq * skv * d * (2.5 if backward else 1.0)
+            if causal:
+                flops /= 2
+            if output_shapes is None:
+                out_bytes = sum(_numel(s) * eb for s, _, eb in ins[: (3 if backward else 1)])
+            return OpRecord("attention", aten_name, dtype, sq, skv, d, bh, flops, float(in_bytes + out_bytes))
+    if not short or short in NO_DATA_OPS or short in OTHER_COMPUTE or not (ins or outs):
+        return OpRecord("other", aten_name, dtype, bytes=float(in_bytes + out_bytes))
+    if output_shapes is None:
+        base = short.rstrip("_")
+        largest = max((_numel(s) * eb for s, _, eb in ins), default=0)
+        out_bytes = 0 if base in REDUCTIONS else largest
+    return OpRecord("memory", aten_name, dtype, bytes=float(in_bytes + out_bytes))

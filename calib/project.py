@@ -1,0 +1,339 @@
+"""`calib project`: one training configuration on a cluster -> step time, throughput, breakdown,
+memory, energy and an error band, every input labelled calibrated or configured.
+
+Flow: check the configuration against the cluster -> generate the step (calib.workload.generate,
+compute times from the calibration's kernel model) -> network and system from the cluster preset
+with the calibration's fitted parameters where it has them -> simulate (embedded or ASTRA-sim) ->
+breakdown, memory (calib.workload.memory), FLOPs (calib.workload.flops), energy (the
+calibration's power model) and the error band (the calibration's `validation` section).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calib.cluster import ClusterPreset
+from calib.errors import CalibError
+from calib.sim import BACKENDS, simulate
+from calib.sim.config import NetworkConfig, SystemConfig
+from calib.sim.types import SimResult
+from calib.units import GIB
+from calib.workload import memory as memory_model
+from calib.workload.generate import GeneratedStep, KernelTime, generate
+from calib.workload.models import ModelSpec
+from calib.workload.parallel import ParallelConfig
+
+DATA = Path(__file__).resolve().parent / "data"
+COMM_CATEGORIES = ("tp", "pp", "dp", "ep")
+
+
+def gpu_key(name: str) -> str:
+    """The GPU model in a name, vendor and form factor dropped: "NVIDIA H200 SXM" -> "h200"."""
+    s = name.lower()
+    for word in ("nvidia", "amd", "instinct", "tesla"):
+        s = s.replace(word, " ")
+    m = re.search(r"[a-z]+\d+[a-z]*", s)
+    return m.group(0) if m else s.strip()
+
+
+def default_calibration_path(gpu: str) -> Path:
+    return DATA / f"calibration-{gpu_key(gpu)}.yaml"
+
+
+def roofline_kernel_time(cluster: ClusterPreset) -> KernelTime:
+    """Uncalibrated compute time: the roofline at the preset's datasheet peaks (an optimistic bound)."""
+    peak, bw = cluster.peak_flops_per_s, cluster.hbm_bytes_per_s
+
+    def predict(df: pd.DataFrame) -> np.ndarray:
+        flops = df["flops"].to_numpy(dtype=float)
+        nbytes = df["bytes"].to_numpy(dtype=float)
+        return np.maximum(flops / peak, nbytes / bw)
+
+    return predict
+
+
+@dataclass
+class ProjectionResult:
+    """What `calib project` reports; units in the key names (SI; memory in GiB as the issue names it)."""
+
+    inputs: dict
+    calibration_id: str | None
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    breakdown_s: dict[str, float]
+    memory_gib_per_gpu: float
+    memory_detail_gib: dict[str, float]
+    fits_in_memory: bool
+    energy_j_per_step: float | None
+    avg_power_w: float | None
+    peak_power_w: float | None
+    error_band: dict
+    calibrated: list[str]
+    configured: list[str]
+    transferred: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    sim: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "breakdown_s": dict(self.breakdown_s),
+            "memory_gib_per_gpu": self.memory_gib_per_gpu,
+            "memory_detail_gib": dict(self.memory_detail_gib),
+            "fits_in_memory": self.fits_in_memory,
+            "energy_j_per_step": self.energy_j_per_step,
+            "avg_power_w": self.avg_power_w,
+            "peak_power_w": self.peak_power_w,
+            "error_band": dict(self.error_band),
+            "calibrated": list(self.calibrated),
+            "configured": list(self.configured),
+            "transferred": list(self.transferred),
+            "notes": list(self.notes),
+            "calibration_id": self.calibration_id,
+            "inputs": dict(self.inputs),
+            "sim": dict(self.sim),
+        }
+
+
+def check_calibration_gpu(calibration: object | None, cluster: ClusterPreset, allow_gpu_mismatch: bool) -> bool:
+    """True when the calibration comes from another GPU model (allowed only with the override)."""
+    if calibration is None:
+        return False
+    if gpu_key(str(getattr(calibration, "gpu", ""))) == gpu_key(cluster.gpu):
+        return False
+    if not allow_gpu_mismatch:
+        src = getattr(calibration, "source", "") or "the calibration"
+        raise CalibError(
+            f"{src} was fitted on {getattr(calibration, 'gpu', '?')} but cluster {cluster.name} has {cluster.gpu} GPUs; "
+            "pass --allow-gpu-mismatch to transfer its parameters anyway"
+        )
+    return True
+
+
+def project(
+    model: ModelSpec,
+    par: ParallelConfig,
+    cluster: ClusterPreset,
+    calibration: object | None,
+    backend: str = "analytical",
+    astra_sim_bin: str | None = None,
+    allow_gpu_mismatch: bool = False,
+    emit_astra_sim: str | Path | None = None,
+) -> ProjectionResult:
+    """Project one configuration (module docstring). `calibration` is a calib.calibration.Calibration,
+    or None for an explicitly uncalibrated run (datasheet roofline, no power model, no error band)."""
+    t0 = time.perf_counter()
+    if backend not in BACKENDS:
+        raise CalibError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    gpus = par.gpus
+    cluster.check_gpus(gpus)
+    par.check(model, gpus)
+    mismatch = check_calibration_gpu(calibration, cluster, allow_gpu_mismatch)
+    calibrated: list[str] = []
+    configured: list[str] = []
+    transferred: list[str] = []
+    notes: list[str] = []
+
+    # Compute times.
+    if calibration is not None and getattr(calibration, "kernel", None):
+        km = calibration.kernel_model()  # type: ignore[attr-defined]
+        kernel_time: KernelTime = km.predict
+        calibrated.append("kernel times (kernel model)")
+        if mismatch:
+            transferred.append(f"kernel model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
+    else:
+        kernel_time = roofline_kernel_time(cluster)
+        configured.append("kernel times: roofline at datasheet peaks (no kernel model)")
+        notes.append("no calibrated kernel model: compute times are the datasheet roofline, an optimistic bound")
+    gen = generate(model, par, kernel_time)
+    t_gen = time.perf_counter()
+
+    # Network and system.
+    network = cluster.network(gpus)
+    system = cluster.system(gpus)
+    prov = cluster.provenance(gpus)
+    net_fit = bool(calibration is not None and getattr(calibration, "network", None)
+                   and calibration.network.get("astra_sim"))  # type: ignore[attr-defined]
+    if net_fit:
+        network = calibration.astra_network(network)  # type: ignore[attr-defined]
+        system = calibration.astra_system(system, len(network.dims))  # type: ignore[attr-defined]
+        fits = calibration.network.get("astra_sim", {})  # type: ignore[attr-defined]
+    else:
+        fits = {}
+    names = [d.name for d, _, _ in cluster.network_dims(gpus)]
+    for i, name in enumerate(names):
+        domain = "intra" if i == 0 else "inter"
+        for what in ("bandwidth", "latency"):
+            key = f"network.{name}.{what}"
+            if domain in fits:
+                calibrated.append(f"{key} (calibration domain {domain})")
+                if mismatch:
+                    transferred.append(f"{key} (domain {domain}, fitted on {calibration.gpu})")  # type: ignore[attr-defined]
+            else:
+                configured.append(f"{key}: {prov[key].source}")
+    if "intra" in fits:
+        calibrated.append("network.endpoint_delay and collective implementations (calibration domain intra)")
+    else:
+        configured.append(f"network.endpoint_delay: {prov['network.endpoint_delay'].source}")
+    for key, v in prov.items():
+        if key.startswith(("processor.", "memory.")):
+            configured.append(f"{key}: {v.source}")
+
+    if emit_astra_sim is not None:
+        write_astra_sim(gen, network, system, emit_astra_sim)
+
+    result = simulate(gen.workload, network, system, backend=backend, astra_sim_bin=astra_sim_bin)
+    t_sim = time.perf_counter()
+    step = result.step_time_s
+    if not step > 0:
+        raise CalibError("simulation returned a zero step time")
+
+    breakdown, critical_stage = _breakdown(gen, result, par)
+    mem = memory_model.estimate(model, par, cluster.hbm_bytes)
+    configured.append("memory: Megatron model-state bytes and Korthikanti et al. 2022 activations (no measured memory)")
+    tokens = par.global_batch * model.seq_length
+    tflops = gen.model_flops / step / gpus / 1e12
+    mfu = gen.model_flops / (step * gpus * cluster.peak_flops_per_s)
+
+    energy = avg_w = peak_w = None
+    if calibration is not None and getattr(calibration, "power", None):
+        pm = calibration.power_model()  # type: ignore[attr-defined]
+        energy = 0.0
+        for stage, cls in enumerate(gen.workload.classes):
+            shares = _activity_shares(gen, result, stage, cls.rep, step)
+            energy += pm.energy_j(step, shares) * len(cls.members)
+        avg_w = energy / (step * gpus)
+        peak_w = float(pm.peak_power_w) if np.isfinite(pm.peak_power_w) else None
+        calibrated.append("power by activity (power model)")
+        if mismatch:
+            transferred.append(f"power model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
+    else:
+        notes.append("no calibrated power model: energy and power are not reported")
+
+    band = error_band(calibration, step)
+    if band.get("missing"):
+        notes.append(band["missing"])
+
+    cal_id = getattr(calibration, "id", None) if calibration is not None else None
+    inputs = {
+        "model": model.to_dict(), "parallel": par.to_dict(), "gpus": gpus, "cluster": cluster.name,
+        "cluster_gpu": cluster.gpu, "backend": backend,
+        "calibration": getattr(calibration, "source", None) if calibration is not None else None,
+        "calibration_gpu": getattr(calibration, "gpu", None) if calibration is not None else None,
+        "network": network.to_dict(),
+    }
+    t_end = time.perf_counter()
+    return ProjectionResult(
+        inputs=inputs, calibration_id=cal_id, step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops,
+        mfu=mfu, breakdown_s=breakdown, memory_gib_per_gpu=mem.total_gib,
+        memory_detail_gib={
+            "weights": mem.weights_bytes / GIB, "grads": mem.grads_bytes / GIB, "optimizer": mem.optimizer_bytes / GIB,
+            "activations": mem.activations_bytes / GIB, "capacity": mem.capacity_bytes / GIB, "peak_stage": mem.stage,
+        },
+        fits_in_memory=mem.fits, energy_j_per_step=energy, avg_power_w=avg_w, peak_power_w=peak_w, error_band=band,
+        calibrated=calibrated, configured=configured, transferred=transferred, notes=notes,
+        sim={
+            "rank_classes": len(gen.workload.classes),
+            "nodes": sum(len(c.trace.nodes) for c in gen.workload.classes),
+            "simulated_ranks": result.simulated_ranks, "critical_stage": critical_stage,
+            "generate_s": t_gen - t0, "simulate_s": t_sim - t_gen, "total_s": t_end - t0,
+            "model_flops_per_step": gen.model_flops, "hardware_flops_per_step": gen.hardware_flops,
+        },
+    )
+
+
+def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tuple[dict[str, float], int]:
+    """Where the slowest rank's step goes; the parts add up to the step time.
+
+    compute: its compute nodes; exposed tp/dp/ep: communication not hidden behind compute as the
+    simulator reports it; pipeline bubble: the schedule's idle time, (PP - 1) / VPP micro-batch
+    passes (Narayanan et al. 2021, section 2.2.1), taken out of the send/recv wait; exposed pp:
+    the rest of that wait (transfers on the critical path); other: whatever remains (waiting on
+    peers outside the above)."""
+    finish = np.asarray(result.finish_ns)
+    crit = int(np.argmax(finish))
+    cls_of = gen.workload.class_of()
+    stage = cls_of[crit] if crit < len(cls_of) else 0
+    step_ns = float(finish[crit])
+    busy = result.busy_ns[crit] if result.busy_ns else {}
+    exposed = result.exposed_ns[crit] if result.exposed_ns else {}
+    compute_ns = float(busy.get("compute", gen.stage_compute_s[stage] * 1e9))
+    out = {"compute": compute_ns}
+    for c in ("tp", "dp", "ep"):
+        out[f"exposed_{c}"] = float(exposed.get(c, 0.0))
+    pp_wait = float(exposed.get("pp", 0.0))
+    per_mb = compute_ns / max(par.num_microbatches, 1)  # forward + backward of one micro-batch, all chunks
+    bubble = min(pp_wait, (par.pp - 1) / par.vpp * per_mb) if par.pp > 1 else 0.0
+    out["pipeline_bubble"] = bubble
+    out["exposed_pp"] = pp_wait - bubble
+    other = step_ns - sum(out.values())
+    out["other"] = max(other, 0.0)
+    return {k: v * 1e-9 for k, v in out.items()}, stage
+
+
+def _activity_shares(gen: GeneratedStep, result: SimResult, stage: int, rep: int, step_s: float) -> dict[str, float]:
+    """The power model's activity shares of one rank class over the step (compute > memory > comm > idle)."""
+    compute = gen.stage_compute_s[stage]
+    memory = gen.stage_memory_s[stage]
+    exposed = result.exposed_ns[rep] if result.exposed_ns and rep < len(result.exposed_ns) else {}
+    comm = sum(float(exposed.get(c, 0.0)) for c in ("tp", "dp", "ep")) * 1e-9
+    shares = {"compute": max(compute - memory, 0.0) / step_s, "memory": memory / step_s, "comm": comm / step_s}
+    busy = sum(shares.values())
+    if busy > 1:
+        shares = {k: v / busy for k, v in shares.items()}
+        busy = 1.0
+    shares["idle"] = 1.0 - busy
+    return shares
+
+
+def error_band(calibration: object | None, step_s: float) -> dict:
+    """Step-time band from the calibration's held-out validation, else from its per-model errors."""
+    if calibration is None:
+        return {"low": None, "high": None, "pct": None, "from": "none: uncalibrated projection",
+                "missing": "no calibration: no error band"}
+    val = getattr(calibration, "validation", None) or {}
+    pct = val.get("heldout_max")
+    if pct is not None and np.isfinite(float(pct)):
+        pct = float(pct)
+        runs = val.get("heldout_count") or len(val.get("runs") or [])
+        return {
+            "low": step_s * (1 - pct / 100), "high": step_s * (1 + pct / 100), "pct": pct,
+            "mape_pct": val.get("heldout_mape"),
+            "from": f"validation.heldout_max: worst held-out step-time error over {runs} measured configuration(s)",
+        }
+    errors = getattr(calibration, "errors", None) or {}
+    worst = None
+    used = []
+    for name in ("kernel", "network"):
+        e = errors.get(name)
+        if e is None:
+            continue
+        mape = float(e.mape if hasattr(e, "mape") else e["mape"])
+        used.append(f"{name} {mape:.1f}%")
+        worst = mape if worst is None else max(worst, mape)
+    if worst is None:
+        return {"low": None, "high": None, "pct": None, "from": "none",
+                "missing": "calibration has neither a validation section nor per-model errors: no error band"}
+    return {
+        "low": step_s * (1 - worst / 100), "high": step_s * (1 + worst / 100), "pct": worst,
+        "from": "per-model cross-validated MAPE (" + ", ".join(used) + ")",
+        "missing": "calibration has no held-out step-time validation (run calib validate); band from per-model errors",
+    }
+
+
+def write_astra_sim(gen: GeneratedStep, network: NetworkConfig, system: SystemConfig, out_dir: str | Path) -> list[str]:
+    """Per-rank ETs (`materialize`) and the ASTRA-sim configuration files, with run.sh (calib.sim.astrasim)."""
+    from calib.sim.astrasim import write_inputs
+
+    return write_inputs(gen.workload, network, system, str(out_dir))

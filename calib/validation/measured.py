@@ -1,0 +1,128 @@
+"""What a training bundle measured: step time, energy per step, and its time breakdown.
+
+The measured step time is the figure every validation error is taken against:
+  - only measured, unprofiled steps count (profiled steps carry the profiler's overhead, and the
+    warm-up steps are not measured steps);
+  - a step lasts as long as its slowest rank (max over ranks of that step's `time_s`);
+  - the run's step time is the median over those steps (an occasional step twice as long, seen on
+    the H200 hosts, must not move it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calib.bundle.io import Bundle
+from calib.bundle.schema import RunSpec
+from calib.chakra.model import ExecutionTrace, NodeType
+from calib.errors import CalibError
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    time_s: float  # median over measured steps of the max over ranks
+    steps: int  # how many steps the median rests on
+    spread: float  # (p90 - p10) / median of the per-step times: how noisy the run was
+
+
+def is_real_gpu(bundle: Bundle) -> bool:
+    """Only GPU bundles count in an error figure; CPU (gloo) test bundles never do."""
+    return (bundle.manifest.gpu.vendor or "").lower() not in ("cpu", "")
+
+
+def measured_step(bundle: Bundle) -> MeasuredStep:
+    """Median over unprofiled measured steps of the per-step maximum over ranks."""
+    df = bundle.table("steps")
+    rows = df[~df["profiled"].astype(bool)]
+    warmup = int(bundle.manifest.steps.warmup or 0)
+    # Warm-up steps are normally not written; if a writer did include them (more distinct
+    # step ids than measured + profiled steps), drop the first `warmup` ids.
+    ids = sorted(rows["step"].unique().tolist())
+    expected = int(bundle.manifest.steps.measured or 0)
+    if warmup and expected and len(ids) > expected:
+        rows = rows[rows["step"].isin(ids[len(ids) - expected:])]
+    if rows.empty:
+        raise CalibError(f"bundle {bundle.path}: steps.parquet has no measured (unprofiled) steps")
+    per_step = rows.groupby("step")["time_s"].max().to_numpy(dtype=float)
+    if not np.all(np.isfinite(per_step)) or np.any(per_step <= 0):
+        raise CalibError(f"bundle {bundle.path}: steps.parquet has non-positive or non-finite step times")
+    median = float(np.median(per_step))
+    p10, p90 = np.percentile(per_step, [10, 90])
+    return MeasuredStep(time_s=median, steps=len(per_step), spread=float((p90 - p10) / median))
+
+
+def measured_energy_per_step_j(bundle: Bundle) -> float | None:
+    """Energy of one step summed over the run's GPUs, from the energy counters over the measured steps.
+
+    The counter is read at the first and last telemetry sample inside the window spanned by the
+    measured, unprofiled steps, divided by the time between them and multiplied by the median step
+    time (a 20 Hz sample cannot resolve one step; many steps can). None when the bundle has no
+    telemetry or its clock does not overlap the steps'.
+    """
+    if not bundle.has("telemetry") or not bundle.has("steps"):
+        return None
+    tel = bundle.table("telemetry")
+    steps = bundle.table("steps")
+    rows = steps[~steps["profiled"].astype(bool)]
+    if tel.empty or rows.empty or tel["energy_j"].isna().all():
+        return None
+    t0 = float(rows["start_s"].min())
+    t1 = float((rows["start_s"] + rows["time_s"]).max())
+    step_s = measured_step(bundle).time_s
+    total_w = 0.0
+    for _, g in tel.groupby("gpu"):
+        w = g[(g["t_s"] >= t0) & (g["t_s"] <= t1)].sort_values("t_s")
+        if len(w) < 2:
+            return None
+        dt = float(w["t_s"].iloc[-1] - w["t_s"].iloc[0])
+        de = float(w["energy_j"].iloc[-1] - w["energy_j"].iloc[0])
+        if dt <= 0 or de < 0:
+            return None
+        total_w += de / dt
+    return total_w * step_s
+
+
+def parallelism_type(spec: RunSpec) -> str:
+    """A label for grouping errors: the parallel dimensions used, e.g. "TP+DP", or "single"."""
+    parts = [name for name, n in (("TP", spec.tp), ("PP", spec.pp), ("DP", spec.dp)) if n > 1]
+    if spec.ep > 1:
+        parts.append("EP")
+    return "+".join(parts) or "single"
+
+
+def model_name(spec: RunSpec) -> str:
+    m = spec.model
+    return m if isinstance(m, str) else str((m or {}).get("name", "?"))
+
+
+def et_breakdown_s(traces: dict[int, ExecutionTrace]) -> dict[str, float]:
+    """Measured busy time per category, mean over ranks, read off the converted ETs.
+
+    Compute = GPU kernels as measured; a communication category (tp/pp/dp/ep/comm) = the transfer
+    part of its collectives (attr transfer_ns; the duration when absent); "wait" = the measured
+    time collectives spent waiting for their slowest peer. CPU ops are left out (inflated by the
+    profiler).
+    """
+    if not traces:
+        return {}
+    acc: dict[str, float] = {}
+    for trace in traces.values():
+        for n in trace.nodes:
+            if n.type == NodeType.METADATA_NODE or n.is_cpu_op:
+                continue
+            if n.type == NodeType.COMP_NODE:
+                cat = str(n.attr("category") or "compute")
+                if cat in ("cpu",):
+                    continue
+                cat = "compute" if cat not in ("memcpy", "memset") else cat
+                acc[cat] = acc.get(cat, 0.0) + n.duration_ns * 1e-9
+            else:
+                cat = str(n.attr("category") or ("pp" if n.type != NodeType.COMM_COLL_NODE else "comm"))
+                transfer = n.attr("transfer_ns")
+                acc[cat] = acc.get(cat, 0.0) + (int(transfer) if transfer is not None else n.duration_ns) * 1e-9
+                wait = n.attr("wait_ns")
+                if wait is not None:
+                    acc["wait"] = acc.get("wait", 0.0) + int(wait) * 1e-9
+    return {k: v / len(traces) for k, v in sorted(acc.items())}

@@ -1,0 +1,83 @@
+"""Replay a measured run's own converted ETs through the simulator on the calibrated network.
+
+How a converted ET is replayed (what "replay" means in every report):
+  - GPU kernels (COMP nodes) keep their measured durations (attr duration_ns), unscaled;
+  - host time is not replayed: calib's converter folds CPU ops into the idle gap before each GPU
+    node (attr gap_ns), which the simulator does not replay, and any is_cpu_op node (an ET from
+    another converter) is replayed as 0 ns. Under the profiler the host side is several times
+    slower than in the unprofiled steps the measured step time comes from; GPU order is kept by the
+    ET's stream, cross-stream and sync dependencies. The replay is therefore the GPU-bound step;
+  - collectives and send/recv are timed by the simulator on the calibrated network, synchronised
+    across their group (so the measured wait for a slow peer is not replayed; it arises, or not,
+    from the simulated ranks); their duration field is set to the measured transfer part (attr
+    transfer_ns), which is what the simulator replays for the collectives it does not model
+    (BROADCAST).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from calib.bundle.io import Bundle
+from calib.chakra.model import ExecutionTrace, NodeType
+from calib.errors import CalibError
+from calib.sim.types import SimResult, SimWorkload
+
+
+@dataclass
+class RunTraces:
+    traces: dict[int, ExecutionTrace]
+    comm_groups: dict[int, list[int]]
+
+
+def read_run_traces(bundle: Bundle) -> RunTraces:
+    """The bundle's et/rank.N.et.gz and et/comm_groups.json; CalibError when a rank is missing."""
+    from calib.chakra.codec import read_et
+
+    files = bundle.et_files()
+    if not files:
+        raise CalibError(f"bundle {bundle.path}: has no et/rank.N.et files to replay")
+    traces = {int(f.name.split(".")[1]): read_et(f) for f in files}
+    world = len(traces)
+    if sorted(traces) != list(range(world)):
+        raise CalibError(f"bundle {bundle.path}: et/ ranks {sorted(traces)} are not 0..{world - 1}")
+    groups: dict[int, list[int]] = {}
+    gfile = Path(bundle.path) / "et" / "comm_groups.json"
+    if gfile.is_file():
+        try:
+            raw = json.loads(gfile.read_text())
+            groups = {int(k): [int(r) for r in v] for k, v in raw.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise CalibError(f"bundle {bundle.path}: et/comm_groups.json is not a {{id: [ranks]}} map ({exc})") from None
+    return RunTraces(traces, groups)
+
+
+def replay_trace(trace: ExecutionTrace) -> ExecutionTrace:
+    """A copy of one rank's converted ET prepared for replay (see the module docstring)."""
+    out = copy.deepcopy(trace)
+    for n in out.nodes:
+        if n.type == NodeType.METADATA_NODE:
+            continue
+        if n.is_cpu_op:
+            n.duration_micros = 0
+            n.set_attr("duration_ns", 0)
+        elif n.type in (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE):
+            transfer = n.attr("transfer_ns")
+            if transfer is not None:
+                n.duration_micros = int(round(int(transfer) / 1000))
+                n.set_attr("duration_ns", int(transfer))
+    return out
+
+
+def replay_workload(run: RunTraces) -> SimWorkload:
+    prepared = {r: replay_trace(t) for r, t in run.traces.items()}
+    return SimWorkload.per_rank(prepared, run.comm_groups)
+
+
+def simulate_replay(run: RunTraces, network: object, system: object) -> SimResult:
+    from calib.sim import simulate  # lands with the simulator (issue 3)
+
+    return simulate(replay_workload(run), network, system)

@@ -1,0 +1,287 @@
+"""Write the validation report: reports/validation.json, .md, .html (plots embedded) and a rich table.
+
+Every figure carries its kind (replay | held-out | in-sample) and the number of runs behind it.
+All files are written to a temporary name and moved into place, so a crash never leaves a report
+that looks complete.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, ValidationReport
+
+KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample"}
+KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray"}
+SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE))
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _pct(v: float | None, signed: bool = False) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v:+.2f}%" if signed else f"{v:.2f}%"
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{1e3 * v:.2f}"
+
+
+def _json_safe(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_reports(report: ValidationReport, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "validation.json", "md": out / "validation.md", "html": out / "validation.html"}
+    _atomic_write(paths["json"], json.dumps(_json_safe(report.to_dict()), indent=2) + "\n")
+    _atomic_write(paths["md"], markdown(report))
+    _atomic_write(paths["html"], html_report(report, plots(report)))
+    return paths
+
+
+# --- text ---------------------------------------------------------------------------------------------
+
+
+def summary_lines(report: ValidationReport) -> list[tuple[str, str, str, str, str, str]]:
+    """(kind, mean, max, runs, configs, threshold / goal) rows of the summary."""
+    s = report.summary
+    rows = []
+    for key, kind in SUMMARY_KEYS:
+        lim = report.thresholds.get(key, {})
+        goal = report.goals.get(key, {})
+        bound = ", ".join(
+            f"{w} <= {lim[k]:.2f}%" for k, w in (("mean_pct", "mean"), ("max_pct", "max")) if k in lim
+        ) or "-"
+        aim = ", ".join(f"{w} {goal[k]:.0f}%" for k, w in (("mean_pct", "mean"), ("max_pct", "max")) if k in goal) or "-"
+        rows.append((KIND_LABEL[kind], _pct(s.get(f"{key}_mape")), _pct(s.get(f"{key}_max")),
+                     str(s.get(f"{key}_count", 0)), str(s.get(f"{key}_configs", 0)), f"{bound} (goal: {aim})"))
+    return rows
+
+
+def markdown(report: ValidationReport) -> str:
+    s = report.summary
+    cal = report.calibration
+    lines = [
+        "# calib validation report",
+        "",
+        f"Created {report.created_utc}; calibration: {cal.get('path') or '(none)'} ({cal.get('source', '')}); "
+        f"{s.get('real_bundles', 0)} real GPU training bundles; {report.wall_s:.1f} s.",
+        "",
+        "Step-time error = (predicted - measured) / measured. Measured = median over the measured, "
+        "unprofiled steps of the slowest rank's step time.",
+        "",
+        "| kind | mean abs error | max abs error | runs | configurations | threshold (goal, not enforced) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [f"| {' | '.join(row)} |" for row in summary_lines(report)]
+    lines += ["", *(f"- {text}" for text in KIND_TEXT.values()), ""]
+    if report.violations:
+        lines += ["## Threshold violations", "", *(f"- {v}" for v in report.violations), ""]
+    lines += [
+        "## Runs", "",
+        "| run | kind | model | GPUs | TP/PP/DP/EP | measured ms (steps) | predicted ms | error | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
+        lines.append(
+            f"| {r.run} | {KIND_LABEL.get(r.kind, r.kind)} | {r.model} | {r.gpus} | {r.tp}/{r.pp}/{r.dp}/{r.ep} | "
+            f"{_ms(r.measured_step_s)} ({r.measured_steps}) | {_ms(r.predicted_step_s)} | "
+            f"{_pct(r.error_pct, signed=True)} | {r.note.replace('|', '/')} |"
+        )
+    lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
+    for m in report.models:
+        lines.append(f"| {m.model} | {m.kind} | {_pct(m.mape)} | {_pct(m.max)} | {m.count} | {m.method} |")
+    if report.excluded:
+        lines += ["", "## Not counted", "", *(f"- {e['run']}: {e['why']}" for e in report.excluded)]
+    if report.notes:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in report.notes)]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(report: ValidationReport, console: object | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console()
+    t = Table(title="calib validate: step-time error")
+    for col in ("run", "kind", "GPUs", "TP/PP/DP/EP", "measured ms", "predicted ms", "error"):
+        t.add_column(col, justify="right" if col not in ("run", "kind") else "left")
+    for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
+        t.add_row(r.run, KIND_LABEL.get(r.kind, r.kind), str(r.gpus), f"{r.tp}/{r.pp}/{r.dp}/{r.ep}",
+                  _ms(r.measured_step_s), _ms(r.predicted_step_s),
+                  _pct(r.error_pct, signed=True) if r.error_pct is not None else f"n/a ({r.note[:60]})")
+    con.print(t)
+    s = Table(title="summary (mean / max absolute error)")
+    for col in ("kind", "mean", "max", "runs", "configs", "threshold (goal)"):
+        s.add_column(col)
+    for row in summary_lines(report):
+        s.add_row(*row)
+    con.print(s)
+    if report.models:
+        m = Table(title="per-model errors")
+        for col in ("model", "kind", "MAPE", "max", "points"):
+            m.add_column(col)
+        for e in report.models:
+            m.add_row(e.model, e.kind, _pct(e.mape), _pct(e.max), str(e.count))
+        con.print(m)
+
+
+# --- plots ---------------------------------------------------------------------------------------------
+
+
+def plots(report: ValidationReport) -> dict[str, bytes]:
+    """PNG bytes by title: predicted vs measured, per-run errors, error by parallelism, breakdown."""
+    # Figure objects, not pyplot: no global backend switch (the notebook keeps its inline backend)
+    # and nothing to close.
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    done = [r for r in report.runs if r.predicted_step_s is not None and r.error_pct is not None]
+    out: dict[str, bytes] = {}
+    if not done:
+        return out
+
+    def png(fig: Figure) -> bytes:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        return buf.getvalue()
+
+    def subplots(figsize: tuple[float, float]) -> tuple[Figure, object]:
+        fig = Figure(figsize=figsize)
+        return fig, fig.subplots()
+
+    fig, ax = subplots(figsize=(5.5, 5))
+    lo = min(min(r.measured_step_s, r.predicted_step_s) for r in done) * 1e3 * 0.8
+    hi = max(max(r.measured_step_s, r.predicted_step_s) for r in done) * 1e3 * 1.2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="exact")
+    ax.plot([lo, hi], [lo * 1.06, hi * 1.06], "k:", lw=0.6, label="±6% (held-out goal for the max)")
+    ax.plot([lo, hi], [lo * 0.94, hi * 0.94], "k:", lw=0.6)
+    for kind, marker, size in ((IN_SAMPLE, "s", 40), (REPLAY, "^", 28), (HELDOUT, "o", 22)):
+        rs = [r for r in done if r.kind == kind]
+        if rs:
+            ax.scatter([r.measured_step_s * 1e3 for r in rs], [r.predicted_step_s * 1e3 for r in rs],
+                       facecolors="none" if kind == IN_SAMPLE else KIND_COLOR[kind], edgecolors=KIND_COLOR[kind],
+                       marker=marker, label=f"{KIND_LABEL[kind]} ({len(rs)} runs)", s=size)
+    ax.set(xscale="log", yscale="log", xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
+           title="predicted vs measured")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        if hi / lo < 20:  # within about a decade the minor ticks are the only labels; beyond, too many
+            axis.set_minor_formatter(plain)
+    ax.legend(fontsize=8)
+    out["predicted vs measured"] = png(fig)
+
+    runs = sorted({r.run for r in done})
+    kinds = [k for k in (HELDOUT, REPLAY, IN_SAMPLE) if any(r.kind == k for r in done)]
+    fig, ax = subplots(figsize=(8, 0.32 * len(runs) * len(kinds) + 1.5))
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        err = {r.run: r.error_pct for r in done if r.kind == kind}
+        ys = [i + j * width for i, run in enumerate(runs) if run in err]
+        ax.barh(ys, [err[run] for run in runs if run in err], height=width, color=KIND_COLOR[kind],
+                label=f"{KIND_LABEL[kind]} ({len(err)} runs)")
+    ax.set_yticks([i + 0.4 - width / 2 for i in range(len(runs))], runs, fontsize=7)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set(xlabel="step-time error (%), predicted vs measured", title="per-run error")
+    ax.legend(fontsize=8)
+    out["per-run error"] = png(fig)
+
+    types = sorted({r.parallelism for r in done})
+    fig, ax = subplots(figsize=(max(5, 1.1 * len(types)), 4))
+    for j, kind in enumerate(kinds):
+        vals, counts = [], []
+        for t in types:
+            errs = [abs(r.error_pct) for r in done if r.kind == kind and r.parallelism == t]
+            vals.append(sum(errs) / len(errs) if errs else 0.0)
+            counts.append(len(errs))
+        xs = [i + j * width for i in range(len(types))]
+        bars = ax.bar(xs, vals, width=width, color=KIND_COLOR[kind], label=KIND_LABEL[kind])
+        for bar, n in zip(bars, counts, strict=True):
+            if n:
+                ax.annotate(f"n={n}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(types))], types)
+    ax.set(ylabel="mean absolute step-time error (%)", title="error by parallelism type")
+    ax.legend(fontsize=8)
+    out["error by parallelism type"] = png(fig)
+
+    rows = [r for r in done if r.kind == REPLAY and r.breakdown_measured_s and r.breakdown_predicted_s]
+    if rows:
+        cats = sorted({c for r in rows for c in (*r.breakdown_measured_s, *r.breakdown_predicted_s)})
+        fig, ax = subplots(figsize=(max(6, 0.9 * len(rows)), 4.5))
+        cmap = matplotlib.colormaps["tab10"]
+        for i, r in enumerate(rows):
+            for j, (bd, hatch) in enumerate(((r.breakdown_measured_s, ""), (r.breakdown_predicted_s, "//"))):
+                bottom = 0.0
+                for c_i, cat in enumerate(cats):
+                    v = bd.get(cat, 0.0) * 1e3
+                    ax.bar(i + 0.4 * j, v, width=0.38, bottom=bottom, color=cmap(c_i % 10), hatch=hatch,
+                           label=cat if (i == 0 and j == 0) else None, edgecolor="white")
+                    bottom += v
+        ax.set_xticks([i + 0.2 for i in range(len(rows))], [r.run for r in rows], rotation=60, ha="right", fontsize=7)
+        ax.set(ylabel="busy time per rank (ms), mean over ranks",
+               title="time breakdown: measured (plain) vs simulated replay (hatched)")
+        ax.legend(fontsize=7)
+        out["time breakdown measured vs simulated"] = png(fig)
+    return out
+
+
+def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
+    md = markdown(report)
+    body = [f"<h1>calib validation report</h1><p>{html.escape(md.splitlines()[2])}</p>", "<table>",
+            "<tr><th>kind</th><th>mean abs error</th><th>max abs error</th><th>runs</th><th>configurations</th>"
+            "<th>threshold (goal, not enforced)</th></tr>"]
+    body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in summary_lines(report)]
+    body.append("</table><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in KIND_TEXT.values()) + "</ul>")
+    if report.violations:
+        body.append("<h2>Threshold violations</h2><ul>"
+                    + "".join(f"<li>{html.escape(v)}</li>" for v in report.violations) + "</ul>")
+    for title, data in images.items():
+        b64 = base64.b64encode(data).decode()
+        body.append(f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{b64}">')
+    body.append("<h2>Runs</h2><table><tr><th>run</th><th>kind</th><th>model</th><th>GPUs</th><th>TP/PP/DP/EP</th>"
+                "<th>measured ms (steps)</th><th>predicted ms</th><th>error</th><th>note</th></tr>")
+    for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
+        cells = (r.run, KIND_LABEL.get(r.kind, r.kind), r.model, str(r.gpus), f"{r.tp}/{r.pp}/{r.dp}/{r.ep}",
+                 f"{_ms(r.measured_step_s)} ({r.measured_steps})", _ms(r.predicted_step_s),
+                 _pct(r.error_pct, signed=True), r.note)
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    body.append("</table><h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"
+                "<th>points</th><th>how</th></tr>")
+    for m in report.models:
+        cells = (m.model, m.kind, _pct(m.mape), _pct(m.max), str(m.count), m.method)
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    body.append("</table>")
+    if report.excluded:
+        body.append("<h2>Not counted</h2><ul>"
+                    + "".join(f"<li>{html.escape(e['run'])}: {html.escape(e['why'])}</li>" for e in report.excluded)
+                    + "</ul>")
+    if report.notes:
+        body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in report.notes) + "</ul>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>calib validation</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")

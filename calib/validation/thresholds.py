@@ -1,0 +1,89 @@
+"""The versioned error thresholds (validation-thresholds.yaml) and the `--check` verdict.
+
+Thresholds are percentages on the step-time errors of the summary: `mean_pct` bounds the mean
+absolute error (the summary's `<kind>_mape`), `max_pct` the largest one (`<kind>_max`), for each
+kind (heldout, replay). They are set at what
+calib reaches now, rounded up a little, and only ever lowered. `goals` are the targets of the
+project: printed beside the thresholds, never enforced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from calib.errors import CalibError
+
+SCHEMA = "calib.validation-thresholds/1"
+KINDS = ("heldout", "replay")
+STATS = ("mean_pct", "max_pct")
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "validation-thresholds.yaml"
+
+
+@dataclass
+class Thresholds:
+    limits: dict[str, dict[str, float]]  # kind -> "mean_pct" | "max_pct" -> percent
+    goals: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = ""
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    p = Path(path) if path is not None else DEFAULT_PATH
+    if not p.is_file():
+        raise CalibError(f"thresholds file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise CalibError(f"thresholds file {p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise CalibError(f"thresholds file {p}: schema must be {SCHEMA!r}")
+    limits = _section(data.get("thresholds"), p, "thresholds")
+    if not limits:
+        raise CalibError(f"thresholds file {p}: no thresholds set")
+    goals = _section(data.get("goals") or {}, p, "goals")
+    return Thresholds(limits=limits, goals=goals, source=str(p))
+
+
+def _section(raw: object, p: Path, name: str) -> dict[str, dict[str, float]]:
+    if not isinstance(raw, dict):
+        raise CalibError(f"thresholds file {p}: {name} must map heldout/replay to mean_pct/max_pct")
+    out: dict[str, dict[str, float]] = {}
+    for kind, stats in raw.items():
+        if kind not in KINDS or not isinstance(stats, dict):
+            raise CalibError(f"thresholds file {p}: {name}.{kind} is not one of {', '.join(KINDS)} with mean_pct/max_pct")
+        out[kind] = {}
+        for stat, value in stats.items():
+            if stat not in STATS:
+                raise CalibError(f"thresholds file {p}: {name}.{kind}.{stat} is not one of {', '.join(STATS)}")
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise CalibError(f"thresholds file {p}: {name}.{kind}.{stat} must be a positive percentage, got {value!r}")
+            out[kind][stat] = float(value)
+    return out
+
+
+def violations(summary: dict, thresholds: Thresholds | None) -> list[str]:
+    """One line per broken threshold; a threshold whose error could not be computed is broken too,
+    and so is a validation with no real GPU training bundle or no thresholds at all."""
+    out: list[str] = []
+    if not summary.get("real_bundles"):
+        out.append("no real GPU training bundles to validate (CPU bundles never count)")
+        return out
+    if thresholds is None:
+        return ["no thresholds file: nothing to check the errors against"]
+    for kind, stats in thresholds.limits.items():
+        count = int(summary.get(f"{kind}_count") or 0)
+        if count == 0:
+            out.append(f"{kind}: no {kind} error could be computed, so its thresholds cannot be met")
+            continue
+        for stat, limit in stats.items():
+            key = f"{kind}_{'mape' if stat == 'mean_pct' else 'max'}"
+            value = summary.get(key)
+            if value is None or not math.isfinite(float(value)) or float(value) > limit:
+                shown = "n/a" if value is None else f"{float(value):.2f}%"
+                what = "mean" if stat == "mean_pct" else "max"
+                out.append(f"{kind} {what} step-time error {shown} exceeds the threshold {limit:.2f}% "
+                           f"({count} runs; {thresholds.source})")
+    return out

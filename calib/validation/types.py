@@ -1,0 +1,133 @@
+"""The validation report's records: one per run and kind of error, one per fitted model, a summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REPLAY = "replay"
+HELDOUT = "heldout"
+IN_SAMPLE = "in-sample"
+ERROR_KINDS = (REPLAY, HELDOUT, IN_SAMPLE)
+
+# What each kind means, printed beside every figure.
+KIND_TEXT = {
+    REPLAY: "replay: the run's own converted ETs (measured kernel times) simulated on the calibrated network",
+    HELDOUT: "held-out: its configuration left out of the fit, its workload generated from the spec and simulated",
+    IN_SAMPLE: "in-sample: generated and simulated with the calibration fitted on all bundles, this run included",
+}
+
+
+@dataclass
+class RunError:
+    """One run's step time: measured vs predicted, for one kind of error."""
+
+    run: str  # bundle id
+    config: str  # RunSpec.key(): runs sharing it left out together
+    model: str
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    parallelism: str  # "TP+DP", "single", ...
+    kind: str  # replay | heldout | in-sample
+    measured_step_s: float
+    measured_steps: int  # how many steps the measured median rests on
+    predicted_step_s: float | None
+    error_pct: float | None  # 100 x (predicted - measured) / measured (signed)
+    breakdown_measured_s: dict[str, float] = field(default_factory=dict)
+    breakdown_predicted_s: dict[str, float] = field(default_factory=dict)
+    measured_energy_j: float | None = None
+    predicted_energy_j: float | None = None
+    fitted_on: list[str] = field(default_factory=list)  # bundle ids of the calibration used
+    note: str = ""  # why no prediction, or what was special
+
+    @property
+    def abs_error_pct(self) -> float | None:
+        return None if self.error_pct is None else abs(self.error_pct)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["abs_error_pct"] = self.abs_error_pct
+        return out
+
+
+@dataclass
+class ModelError:
+    """A fitted model's error (kernel, collective, energy ...) and where it comes from."""
+
+    model: str
+    mape: float | None  # percent
+    max: float | None  # percent
+    count: int
+    kind: str  # heldout | in-sample | cross-validated
+    method: str  # how it was obtained, in words
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def error_stats(errors: list[float]) -> tuple[float | None, float | None]:
+    vals = [abs(e) for e in errors if e is not None and math.isfinite(e)]
+    if not vals:
+        return None, None
+    return float(np.mean(vals)), float(np.max(vals))
+
+
+@dataclass
+class ValidationReport:
+    runs: list[RunError]
+    models: list[ModelError]
+    summary: dict
+    calibration: dict  # path, gpu, bundles it was fitted on, how it was obtained
+    excluded: list[dict] = field(default_factory=list)  # [{"run", "why"}]
+    notes: list[str] = field(default_factory=list)
+    thresholds: dict = field(default_factory=dict)
+    goals: dict = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    created_utc: str = ""
+    wall_s: float = 0.0
+
+    def of_kind(self, kind: str) -> list[RunError]:
+        return [r for r in self.runs if r.kind == kind]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": "calib.validation/1",
+            "created_utc": self.created_utc,
+            "calibration": self.calibration,
+            "kinds": KIND_TEXT,
+            "summary": self.summary,
+            "thresholds": self.thresholds,
+            "goals": self.goals,
+            "violations": self.violations,
+            "runs": [r.to_dict() for r in self.runs],
+            "models": [m.to_dict() for m in self.models],
+            "excluded": self.excluded,
+            "notes": self.notes,
+            "wall_s": self.wall_s,
+        }
+
+
+def relative_error_pct(predicted: float | None, measured: float) -> float | None:
+    if predicted is None or not math.isfinite(predicted) or measured <= 0:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+def summarize(runs: list[RunError], real_bundles: int) -> dict:
+    """heldout/replay/in-sample mean and max absolute error (percent), and the runs/configs behind each."""
+    out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
+    for kind, key in ((HELDOUT, "heldout"), (REPLAY, "replay"), (IN_SAMPLE, "in_sample")):
+        rs = [r for r in runs if r.kind == kind and r.error_pct is not None]
+        mape, mx = error_stats([r.error_pct for r in rs])
+        out[f"{key}_mape"] = mape
+        out[f"{key}_max"] = mx
+        out[f"{key}_count"] = len(rs)
+        out[f"{key}_configs"] = len({r.config for r in rs})
+        out[f"{key}_missing"] = len([r for r in runs if r.kind == kind and r.error_pct is None])
+    return out

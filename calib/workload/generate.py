@@ -1,0 +1,529 @@
+"""One training step with Megatron semantics, as Chakra ETs: one trace per pipeline stage.
+
+Every GPU of a pipeline stage runs the same work (TP ranks, DP replicas and EP ranks are
+symmetric under balanced routing), so the workload has one rank class per stage, written from
+the point of view of the stage's representative rank (tp 0, dp 0); `materialize(rank)` rewrites
+process-group ids and pipeline peers for any other rank. Generation costs O(layers x
+micro-batches) nodes per stage, whatever the GPU count.
+
+Per stage the trace is a data-flow graph: compute nodes run in program order on one stream
+(ctrl_deps chain them), a collective depends on the compute that produced its input, and the next
+compute waits for a blocking collective or, for asynchronous ones (input-gradient all-reduce
+overlapping the weight-gradient GEMM, data-parallel gradient reduction with overlap_grad_reduce),
+only where the result is consumed. Consecutive compute ops with no communication between them are
+fused into one node (their durations add up; the simulators run one compute node at a time per
+rank anyway), which keeps 8,192-GPU steps at tens of thousands of nodes.
+Pipeline transfers are send/recv pairs whose (src, dst, tag) match on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from calib.chakra.model import Attr, CommType, ExecutionTrace, IOInfo, Node, NodeType
+from calib.errors import CalibError
+from calib.sim.types import RankClass, SimWorkload
+from calib.workload import ops as O
+from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
+from calib.workload.models import ModelSpec
+from calib.workload.parallel import ParallelConfig, coords, rank_of
+from calib.workload.schedule import Pass, stage_schedule
+
+# Seconds of each op record (a DataFrame with the OpRecord fields) -> np.ndarray of seconds.
+KernelTime = Callable[[pd.DataFrame], np.ndarray]
+
+GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (grad_reduce_in_fp32), as the measured runs were configured
+MIN_BUCKET_PARAMS = 40_000_000  # megatron-core DDP bucket size: max(40M, 1M x DP) parameters
+
+
+@dataclass
+class Segment:
+    """Fused consecutive compute ops of a template."""
+
+    name: str
+    duration_ns: int
+    flops: float
+    bytes: float
+    op_class: str
+    memory_ns: int = 0  # part of duration_ns spent in memory-bound ops (the power model's "memory" activity)
+
+
+Compiled = list  # list[Segment | O.Coll | O.Wait]
+
+
+@dataclass
+class GeneratedStep:
+    """The generated step: the workload for the simulators plus what the report needs."""
+
+    model: ModelSpec
+    par: ParallelConfig
+    workload: SimWorkload
+    ops: pd.DataFrame  # unique op records of the step with `time_s` (kernel model) and `count` per stage 0 step
+    model_flops: float
+    hardware_flops: float
+    stage_compute_s: list[float] = field(default_factory=list)  # all compute nodes, per pipeline stage
+    stage_memory_s: list[float] = field(default_factory=list)  # the memory-bound part of it
+    groups: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # kind -> {id: ranks}
+
+    def materialize(self, rank: int) -> ExecutionTrace:
+        assert self.workload.materialize is not None
+        return self.workload.materialize(rank)
+
+
+# --- process groups -----------------------------------------------------------------------------
+
+
+class Groups:
+    """Deterministic group ids for every TP, DP, EP and expert-DP group (only groups of size > 1)."""
+
+    def __init__(self, par: ParallelConfig) -> None:
+        self.par = par
+        p = par
+        self.sizes = {"tp": p.tp, "dp": p.dp, "ep": p.ep, "edp": p.dp // p.ep}
+        counts = {"tp": p.dp * p.pp, "dp": p.tp * p.pp, "ep": p.tp * p.pp * (p.dp // p.ep), "edp": p.tp * p.pp * p.ep}
+        self.base: dict[str, int] = {}
+        nxt = 1
+        for kind in ("tp", "dp", "ep", "edp"):
+            if self.sizes[kind] > 1:
+                self.base[kind] = nxt
+                nxt += counts[kind]
+
+    def index(self, kind: str, rank: int) -> int:
+        p = self.par
+        t, d, s = coords(rank, p)
+        if kind == "tp":
+            return d + p.dp * s
+        if kind == "dp":
+            return t + p.tp * s
+        if kind == "ep":
+            return t + p.tp * (d // p.ep + (p.dp // p.ep) * s)
+        return t + p.tp * (d % p.ep + p.ep * s)  # edp
+
+    def gid(self, kind: str, rank: int) -> int:
+        return self.base[kind] + self.index(kind, rank)
+
+    def members(self, kind: str, rank: int) -> list[int]:
+        p = self.par
+        t, d, s = coords(rank, p)
+        if kind == "tp":
+            return [rank_of(x, d, s, p) for x in range(p.tp)]
+        if kind == "dp":
+            return [rank_of(t, x, s, p) for x in range(p.dp)]
+        if kind == "ep":
+            first = d - d % p.ep
+            return [rank_of(t, first + x, s, p) for x in range(p.ep)]
+        return [rank_of(t, x, s, p) for x in range(d % p.ep, p.dp, p.ep)]
+
+    def all_groups(self) -> dict[str, dict[int, list[int]]]:
+        out: dict[str, dict[int, list[int]]] = {}
+        p = self.par
+        for kind in self.base:
+            groups: dict[int, list[int]] = {}
+            for r in range(p.gpus):
+                g = self.gid(kind, r)
+                if g not in groups:
+                    groups[g] = self.members(kind, r)
+            out[kind] = groups
+        return out
+
+
+# --- trace building -----------------------------------------------------------------------------
+
+
+class TraceBuilder:
+    """Appends nodes with the data-flow rules of the module docstring."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.frontier: list[int] = []
+        self.last_compute: int | None = None
+        self.outstanding: dict[str, int] = {}
+        self.memory_ns = 0
+
+    def _add(self, node: Node) -> int:
+        self.nodes.append(node)
+        return node.id
+
+    def compute(self, name: str, seg: Segment) -> int:
+        self.memory_ns += seg.memory_ns
+        nid = len(self.nodes)
+        prev = self.nodes[-1] if self.nodes else None
+        if prev is not None and prev.id == self.last_compute and self.frontier == [prev.id]:
+            # Nothing was issued or awaited since the previous compute node: extend it (same stream,
+            # same dependencies), which keeps the node count down across layer boundaries.
+            a = prev.attrs
+            a[1].value += int(seg.flops)
+            a[2].value += int(seg.bytes)
+            a[3].value += seg.duration_ns
+            prev.duration_micros = int(round(a[3].value / 1000))
+            if not prev.name.endswith("+"):
+                prev.name += "+"
+            return prev.id
+        ctrl = [self.last_compute] if self.last_compute is not None and self.last_compute not in self.frontier else []
+        node = Node(
+            nid, name, NodeType.COMP_NODE, ctrl_deps=ctrl, data_deps=list(self.frontier),
+            duration_micros=int(round(seg.duration_ns / 1000)),
+            attrs=[
+                Attr("is_cpu_op", False, "bool_val"), Attr("num_ops", int(seg.flops), "int64_val"),
+                Attr("tensor_size", int(seg.bytes), "uint64_val"), Attr("duration_ns", seg.duration_ns, "uint64_val"),
+                Attr("category", "compute", "string_val"), Attr("op_class", seg.op_class, "string_val"),
+            ],
+        )
+        self.frontier = [nid]
+        self.last_compute = nid
+        return self._add(node)
+
+    def collective(self, name: str, coll: O.Coll, pg: int, wait_key: str | None = None) -> int:
+        nid = len(self.nodes)
+        node = Node(
+            nid, name, NodeType.COMM_COLL_NODE, data_deps=list(self.frontier),
+            attrs=[
+                Attr("is_cpu_op", False), Attr("comm_type", int(coll.comm_type)), Attr("comm_size", int(coll.size_bytes)),
+                Attr("pg_name", str(pg)), Attr("category", O.CATEGORY[coll.group]),
+            ],
+        )
+        self._add(node)
+        if coll.asynchronous:
+            self.outstanding[wait_key or coll.name] = nid
+        else:
+            self.frontier = [nid]
+        return nid
+
+    def wait(self, key: str) -> None:
+        nid = self.outstanding.pop(key, None)
+        if nid is not None and nid not in self.frontier:
+            self.frontier.append(nid)
+
+    def wait_all(self) -> None:
+        for key in list(self.outstanding):
+            self.wait(key)
+
+    def p2p(self, name: str, send: bool, peer: int, me: int, size: int, tag: int) -> int:
+        nid = len(self.nodes)
+        src, dst = (me, peer) if send else (peer, me)
+        deps = list(self.frontier) if send else ([self.last_compute] if self.last_compute is not None else [])
+        node = Node(
+            nid, name, NodeType.COMM_SEND_NODE if send else NodeType.COMM_RECV_NODE, data_deps=deps,
+            attrs=[
+                Attr("is_cpu_op", False), Attr("comm_src", src), Attr("comm_dst", dst), Attr("comm_size", int(size)), Attr("comm_tag", tag),
+                Attr("category", "pp"),
+            ],
+        )
+        self._add(node)
+        if not send and nid not in self.frontier:
+            self.frontier.append(nid)
+        return nid
+
+    def trace(self) -> ExecutionTrace:
+        if not self.nodes:  # ASTRA-sim aborts on a rank without nodes
+            self.compute("idle", Segment("idle", 0, 0.0, 0.0, "other"))
+        return ExecutionTrace(nodes=self.nodes)
+
+
+# --- templates to segments ----------------------------------------------------------------------
+
+
+def _compile(items: list[O.Item], durations: dict[O.Op, int]) -> Compiled:
+    out: Compiled = []
+    run: list[O.Op] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        dur = sum(durations[o] for o in run)
+        main = max(run, key=lambda o: durations[o])
+        first, last = run[0].name, run[-1].name
+        name = first if first == last else f"{first}..{last}"
+        mem = sum(durations[o] for o in run if o.op_class not in ("gemm", "attention"))
+        out.append(Segment(name, dur, sum(o.flops for o in run), sum(o.bytes for o in run), main.op_class, mem))
+        run.clear()
+
+    for it in items:
+        if isinstance(it, O.Op):
+            run.append(it)
+        else:
+            flush()
+            out.append(it)
+    flush()
+    return out
+
+
+def _ops_of(items: list[O.Item]) -> list[O.Op]:
+    return [it for it in items if isinstance(it, O.Op)]
+
+
+def check_supported(model: ModelSpec, par: ParallelConfig) -> None:
+    par.check(model)
+    if model.is_moe and par.tp > 1 and not par.sequence_parallel:
+        raise CalibError("mixture-of-experts with TP > 1 needs sequence parallel (--sp), as in megatron-core")
+    if model.seq_length % par.tp and par.sequence_parallel:
+        raise CalibError(f"sequence parallel: TP {par.tp} does not divide sequence length {model.seq_length}")
+
+
+def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> GeneratedStep:
+    """The workload of one training step of `model` under `par` (see module docstring)."""
+    check_supported(model, par)
+    ctx = _StepContext(model, par, kernel_time)
+    classes = [_Stage(ctx, p).build() for p in range(par.pp)]
+    comm_groups: dict[int, list[int]] = {}
+    by_kind = ctx.groups.all_groups()
+    for g in by_kind.values():
+        comm_groups.update(g)
+
+    def materialize(rank: int) -> ExecutionTrace:
+        return _materialize(rank, par, ctx.groups, classes)
+
+    workload = SimWorkload(num_ranks=par.gpus, classes=[c for c, _ in classes], comm_groups=comm_groups,
+                           materialize=materialize)
+    compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE) * 1e-9 for c, _ in classes]
+    return GeneratedStep(
+        model=model, par=par, workload=workload, ops=ctx.table, model_flops=model_flops_per_step(model, par),
+        hardware_flops=hardware_flops_per_step(model, par), stage_compute_s=compute,
+        stage_memory_s=[mem for _, mem in classes], groups=by_kind,
+    )
+
+
+Bucket = tuple[list[int], float, float]  # (layer ids, dense params, expert params) on one rank
+
+
+class _StepContext:
+    """What every stage shares: shapes, compiled templates with their kernel times, parameter counts."""
+
+    def __init__(self, model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> None:
+        self.model, self.par = model, par
+        pmodel = O.padded_vocab(model, par.tp)
+        self.sh = sh = O.shapes(pmodel, par)
+        self.groups = Groups(par)
+        self.m = par.num_microbatches
+        self.V = par.pp * par.vpp
+        self.layers_per_chunk = model.layers // self.V
+        templates = {
+            "fwd": O.layer_fwd(pmodel, par), "bwd": O.layer_bwd(pmodel, par),
+            "emb_fwd": O.embedding_fwd(pmodel, sh), "emb_bwd": O.embedding_bwd(pmodel, sh),
+            "out_fwd": O.output_fwd(pmodel, sh), "out_bwd": O.output_bwd(pmodel, sh),
+        }
+        # Parameters per rank for the gradient buckets (dense over DP, experts over expert-DP).
+        mats = 3 if model.activation == "swiglu" else 2
+        expert_layer = mats * model.hidden * model.ffn_hidden * model.experts if model.is_moe else 0
+        self.dense_layer = (model.layer_params() - expert_layer) / par.tp
+        self.expert_layer = expert_layer / (par.tp * par.ep)
+        self.emb_params = pmodel.embedding_params() / par.tp
+        self.out_params = pmodel.vocab * model.hidden / par.tp + model.hidden * (1 if model.norm == "rmsnorm" else 2)
+        self.bucket_params = max(MIN_BUCKET_PARAMS, 1_000_000 * par.dp)
+        self.act_p2p = sh.act_bytes // (par.tp if par.sequence_parallel else 1)
+        self.optimizer = {p: O.optimizer_op(self._optimizer_params(p), par.dtype) for p in range(par.pp)}
+
+        ops = [it for items in templates.values() for it in items if isinstance(it, O.Op)]
+        unique = list(dict.fromkeys(ops + list(self.optimizer.values())))
+        table = pd.DataFrame([o.record() for o in unique])
+        seconds = np.asarray(kernel_time(table), dtype=float)
+        if seconds.shape != (len(unique),) or not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+            raise CalibError("kernel model returned invalid times for the generated ops (NaN, negative or wrong count)")
+        self.durations = {o: int(round(x * 1e9)) for o, x in zip(unique, seconds, strict=True)}
+        table["time_s"] = seconds
+        table.insert(0, "name", [o.name for o in unique])
+        self.table = table
+        self.compiled = {k: _compile(v, self.durations) for k, v in templates.items()}
+
+    def _optimizer_params(self, stage: int) -> float:
+        par = self.par
+        n = self.layers_per_chunk * par.vpp
+        dense = self.dense_layer * n + (self.emb_params if stage == 0 else 0.0)
+        dense += self.out_params if stage == par.pp - 1 else 0.0
+        expert = self.expert_layer * n
+        if par.distributed_optimizer:
+            return dense / par.dp + expert / max(par.dp // par.ep, 1)
+        return dense + expert
+
+    def rep(self, stage: int) -> int:
+        return rank_of(0, 0, stage % self.par.pp, self.par)
+
+    def tag(self, direction: int, v_dst: int, mb: int) -> int:
+        """Send/recv tag, the same on both sides: direction (0 forward, 1 backward), receiving virtual stage, micro-batch."""
+        return (direction * self.V + v_dst) * self.m + mb
+
+
+class _Stage:
+    """Builds the trace of one pipeline stage's representative rank."""
+
+    def __init__(self, ctx: _StepContext, stage: int) -> None:
+        self.ctx, self.p = ctx, stage
+        self.par = ctx.par
+        self.me = ctx.rep(stage)
+        self.b = TraceBuilder()
+        self.gids = {k: ctx.groups.gid(k, self.me) for k in ctx.groups.base}
+        self.buckets = {c: self._buckets(c) for c in range(self.par.vpp)}
+        self.gather_wait: dict[int, list[str]] = {}
+
+    def build(self) -> tuple[RankClass, float]:
+        par, b = self.par, self.b
+        # Distributed optimizer with overlap_param_gather: in the steady state the parameter all-gather
+        # runs under the first forward passes; each layer's first forward waits for its bucket.
+        if par.distributed_optimizer and par.overlap_param_gather:
+            for c in range(par.vpp):
+                for bk in reversed(self.buckets[c]):
+                    self.gather_wait[bk[0][0]] = self._param_gather(bk, asynchronous=True)
+        for ps in stage_schedule(self.p, par.pp, self.ctx.m, par.vpp):
+            if ps.kind == "F":
+                self._forward(ps)
+            else:
+                self._backward(ps)
+        if not par.overlap_grad_reduce:
+            for c in reversed(range(par.vpp)):
+                for bk in self.buckets[c]:
+                    self._grad_reduce(bk, asynchronous=False)
+        b.wait_all()
+        opt = self.ctx.optimizer[self.p]
+        d = self.ctx.durations[opt]
+        b.compute(f"optimizer.stage{self.p}", Segment(opt.name, d, opt.flops, opt.bytes, opt.op_class, d))
+        if par.distributed_optimizer and not par.overlap_param_gather:
+            for c in range(par.vpp):
+                for bk in reversed(self.buckets[c]):
+                    self._param_gather(bk, asynchronous=False)
+        members = [rank_of(t, d, self.p, par) for d in range(par.dp) for t in range(par.tp)]
+        return RankClass(rep=self.me, members=members, trace=b.trace()), b.memory_ns * 1e-9
+
+    # --- pieces -------------------------------------------------------------------------------
+    def _buckets(self, chunk: int) -> list[Bucket]:
+        """megatron-core DDP buckets of one model chunk: layers in backward order, cut at bucket_params
+        with overlap_grad_reduce, one bucket without."""
+        ctx = self.ctx
+        v = chunk * self.par.pp + self.p
+        lids = range(v * ctx.layers_per_chunk, (v + 1) * ctx.layers_per_chunk)
+        out: list[Bucket] = []
+        cur: list[int] = []
+        dense = expert = 0.0
+        for lid in reversed(lids):
+            cur.append(lid)
+            dense += ctx.dense_layer + (ctx.emb_params if lid == 0 else 0.0)
+            dense += ctx.out_params if lid == ctx.model.layers - 1 else 0.0
+            expert += ctx.expert_layer
+            if self.par.overlap_grad_reduce and dense + expert >= ctx.bucket_params:
+                out.append((sorted(cur), dense, expert))
+                cur, dense, expert = [], 0.0, 0.0
+        if cur:
+            out.append((sorted(cur), dense, expert))
+        return out
+
+    def _replay(self, code: Compiled, prefix: str) -> None:
+        b = self.b
+        for it in code:
+            if isinstance(it, Segment):
+                b.compute(f"{prefix}.{it.name}", it)
+            elif isinstance(it, O.Coll):
+                if it.group in self.gids:  # groups of one rank have no collective
+                    b.collective(f"{prefix}.{it.name}", it, self.gids[it.group], wait_key=it.name)
+            else:
+                b.wait(it.name)
+
+    def _grad_reduce(self, bk: Bucket, asynchronous: bool) -> None:
+        lids, dense, expert = bk
+        kind = CommType.REDUCE_SCATTER if self.par.distributed_optimizer else CommType.ALL_REDUCE
+        for group, params in (("dp", dense), ("edp", expert)):
+            if params > 0 and group in self.gids:
+                c = O.Coll(f"dp.grads.L{lids[0]}-{lids[-1]}.{group}", kind, int(params * GRAD_REDUCE_BYTES), group,
+                           asynchronous=True)
+                self.b.collective(c.name, c, self.gids[group])
+                if not asynchronous:
+                    self.b.wait(c.name)
+
+    def _param_gather(self, bk: Bucket, asynchronous: bool) -> list[str]:
+        lids, dense, expert = bk
+        keys = []
+        for group, params in (("dp", dense), ("edp", expert)):
+            if params > 0 and group in self.gids:
+                size = int(params * self.ctx.sh.e / self.ctx.groups.sizes[group])  # all-gather: per-rank shard
+                c = O.Coll(f"dp.params.L{lids[0]}-{lids[-1]}.{group}", CommType.ALL_GATHER, size, group, asynchronous=True)
+                self.b.collective(c.name, c, self.gids[group])
+                keys.append(c.name)
+                if not asynchronous:
+                    self.b.wait(c.name)
+        return keys
+
+    def _layers(self, v: int) -> range:
+        n = self.ctx.layers_per_chunk
+        return range(v * n, (v + 1) * n)
+
+    def _forward(self, ps: Pass) -> None:
+        ctx, b = self.ctx, self.b
+        v = ps.chunk * self.par.pp + self.p
+        mb = ps.micro_batch
+        pre = f"mb{mb}.fwd"
+        if v == 0:
+            self._replay(ctx.compiled["emb_fwd"], f"{pre}.embedding")
+        else:
+            b.p2p(f"{pre}.recv.v{v}", False, ctx.rep(v - 1), self.me, ctx.act_p2p, ctx.tag(0, v, mb))
+        for lid in self._layers(v):
+            for key in self.gather_wait.pop(lid, []):
+                b.wait(key)
+            self._replay(ctx.compiled["fwd"], f"{pre}.L{lid}")
+        if v == ctx.V - 1:
+            self._replay(ctx.compiled["out_fwd"], f"{pre}.output")
+        else:
+            b.p2p(f"{pre}.send.v{v + 1}", True, ctx.rep(v + 1), self.me, ctx.act_p2p, ctx.tag(0, v + 1, mb))
+
+    def _backward(self, ps: Pass) -> None:
+        ctx, b, par = self.ctx, self.b, self.par
+        v = ps.chunk * par.pp + self.p
+        mb = ps.micro_batch
+        pre = f"mb{mb}.bwd"
+        if v == ctx.V - 1:
+            self._replay(ctx.compiled["out_bwd"], f"{pre}.output")
+        else:
+            b.p2p(f"{pre}.recv.v{v}", False, ctx.rep(v + 1), self.me, ctx.act_p2p, ctx.tag(1, v, mb))
+        # A bucket's gradients are final after the last micro-batch's backward of its lowest layer.
+        # Without pipelining its reduction starts right there, under the remaining layers' backward.
+        # With pipelining it starts after this pass's send: both simulators run one communication at a
+        # time per rank, so a reduction started earlier would hold back the pipeline transfers that the
+        # other stages wait for (on a real cluster they use different links and streams).
+        ready = self.buckets[ps.chunk] if (mb == ctx.m - 1 and par.overlap_grad_reduce) else []
+        for lid in reversed(self._layers(v)):
+            self._replay(ctx.compiled["bwd"], f"{pre}.L{lid}")
+            if lid == 0:
+                self._replay(ctx.compiled["emb_bwd"], f"{pre}.embedding")
+            if par.pp == 1:
+                for bk in ready:
+                    if bk[0][0] == lid:
+                        self._grad_reduce(bk, asynchronous=True)
+        if v > 0:
+            b.p2p(f"{pre}.send.v{v - 1}", True, ctx.rep(v - 1), self.me, ctx.act_p2p, ctx.tag(1, v - 1, mb))
+        if par.pp > 1:
+            for bk in ready:
+                self._grad_reduce(bk, asynchronous=True)
+
+
+def _materialize(rank: int, par: ParallelConfig, groups: Groups, classes: list[tuple[RankClass, float]]) -> ExecutionTrace:
+    """`rank`'s own ET: its stage's trace with process-group ids and pipeline peers rewritten."""
+    if not 0 <= rank < par.gpus:
+        raise CalibError(f"rank {rank} is outside the workload's {par.gpus} ranks")
+    t, d, s = coords(rank, par)
+    cls = classes[s][0]
+    if rank == cls.rep:
+        return cls.trace
+    gid_map = {str(groups.gid(k, cls.rep)): str(groups.gid(k, rank)) for k in groups.base}
+
+    def peer(r: int) -> int:
+        return rank_of(t, d, coords(r, par)[2], par)
+
+    nodes = []
+    for n in cls.trace.nodes:
+        attrs = []
+        for a in n.attrs:
+            if a.name == "pg_name":
+                attrs.append(Attr(a.name, gid_map.get(a.value, a.value), a.slot))
+            elif a.name in ("comm_src", "comm_dst"):
+                attrs.append(Attr(a.name, peer(a.value), a.slot))
+            else:
+                attrs.append(Attr(a.name, a.value, a.slot))
+        nodes.append(Node(n.id, n.name, n.type, list(n.ctrl_deps), list(n.data_deps), n.start_time_micros,
+                          n.duration_micros, _copy_io(n.inputs), _copy_io(n.outputs), attrs))
+    trace = cls.trace
+    return ExecutionTrace(nodes=nodes, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
+
+
+def _copy_io(io: IOInfo | None) -> IOInfo | None:
+    return None if io is None else IOInfo(io.values, io.shapes, io.types)

@@ -1,0 +1,128 @@
+"""Peak memory per GPU of a Megatron training step: model state plus stored activations.
+
+Model state (Megatron-LM docs/source/api-guide/dist_optimizer.md, bytes per parameter with bf16/fp16
+parameters and fp32 main gradients and Adam): 2 (weights) + 4 (grads) + 12 (fp32 master weights,
+exp_avg, exp_avg_sq) = 18 without the distributed optimizer; 6 + 12/DP with it. With fp32
+parameters: 4 + 4 + 8, or 8 + 8/DP.
+
+Activations per transformer layer and micro-batch follow Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", section 4): s b h (34 + 5 a s / h) bytes
+without parallelism, with the tensor-parallel and sequence-parallel divisions of its eqs. 2-5; the
+term counts are written out per tensor so that grouped-query attention (smaller K/V), SwiGLU (two
+fc1 outputs) and a non-4h MLP change them as they should; selective recomputation drops the
+5 a s^2 b term, full recomputation keeps only the layer input (2 s b h / t with SP). The stage that
+holds the most micro-batches in flight (stage 0 under 1F1B: PP of them) is the peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calib.units import GIB
+from calib.workload.models import ModelSpec
+from calib.workload.ops import padded_vocab
+from calib.workload.parallel import ParallelConfig
+from calib.workload.schedule import max_in_flight, stage_schedule
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak bytes on the most loaded GPU, by part."""
+
+    stage: int
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+
+def _param_bytes(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters held by one GPU of pipeline rank `stage` (TP and EP shards; the
+    vocabulary padded as Megatron pads it)."""
+    model = padded_vocab(model, par.tp)
+    layers = model.layers // par.pp
+    h, f = model.hidden, model.ffn_hidden
+    mats = 3 if model.activation == "swiglu" else 2
+    expert_layer = mats * h * f * model.experts if model.is_moe else 0
+    dense_layer = model.layer_params() - expert_layer
+    dense = layers * dense_layer / par.tp
+    expert = layers * expert_layer / (par.tp * par.ep)
+    if stage == 0:
+        dense += model.embedding_params() / par.tp
+    if stage == par.pp - 1:
+        if not model.tied_embeddings or par.pp > 1:
+            dense += model.vocab * h / par.tp
+        dense += h * (1 if model.norm == "rmsnorm" else 2)
+    return dense, expert
+
+
+def layer_activation_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti et al. 2022)."""
+    s, b, h, a = model.seq_length, par.micro_batch, model.hidden, model.heads
+    t = par.tp
+    sp = par.sequence_parallel
+    kv = model.kv_groups * model.head_dim
+    f = model.ffn_hidden
+    f1 = 2 * f if model.activation == "swiglu" else f
+    k = max(model.top_k, 1)
+    sbh = s * b * h
+    if par.recompute == "full":
+        return 2.0 * sbh / (t if sp else 1)
+    # Tensors replicated across TP ranks unless sequence parallel: the two norm inputs (2 x 2sbh),
+    # QKV input 2sbh, fc1 input 2sbh, two dropout masks sbh each.
+    replicated = (4 + 2 + 2 + 2) * sbh
+    # Tensors split by TP: Q (2sbh), K and V (2 s b kv each), attention-output projection input (2sbh),
+    # fc1 output 2 s b f1 and fc2 input 2 s b f (per routed token for MoE).
+    split = 2 * sbh + 4 * s * b * kv + 2 * sbh + (2 * s * b * f1 + 2 * s * b * f) * k
+    scores = 5.0 * a * s * s * b  # softmax output (2), dropout mask (1), dropped output (2)
+    if par.recompute == "selective":
+        scores = 0.0
+    return replicated / (t if sp else 1) + (split + scores) / t
+
+
+def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> MemoryEstimate:
+    """The peak over pipeline stages of model state plus in-flight activations."""
+    pbytes = _param_bytes(par.dtype)
+    best: MemoryEstimate | None = None
+    m = par.num_microbatches
+    layer_act = layer_activation_bytes(model, par)
+    layers_per_chunk = model.layers // (par.pp * par.vpp)
+    s, b, h = model.seq_length, par.micro_batch, model.hidden
+    for stage in range(par.pp):
+        dense, expert = stage_params(model, par, stage)
+        params = dense + expert
+        weights = pbytes * params
+        grads = 4.0 * params  # fp32 main gradients
+        opt_per_param = 12.0 if pbytes == 2 else 8.0
+        if par.distributed_optimizer:
+            optimizer = opt_per_param * (dense / par.dp + expert / max(par.dp // par.ep, 1))
+        else:
+            optimizer = opt_per_param * params
+        in_flight = max_in_flight(stage_schedule(stage, par.pp, m, par.vpp))
+        acts = in_flight * layers_per_chunk * layer_act
+        if stage == 0:
+            acts += in_flight * 2.0 * s * b * h / (par.tp if par.sequence_parallel else 1)  # embedding output
+        if stage == par.pp - 1:
+            acts += 4.0 * s * b * padded_vocab(model, par.tp).vocab / par.tp  # fp32 logits in the loss
+        est = MemoryEstimate(stage, weights, grads, optimizer, acts, capacity_bytes)
+        if best is None or est.total_bytes > best.total_bytes:
+            best = est
+    assert best is not None
+    return best

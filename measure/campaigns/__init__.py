@@ -1,0 +1,1 @@
+"""Campaign scripts: the exact runs behind the committed traces/ data, re-runnable on any GPU host."""

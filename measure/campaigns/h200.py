@@ -1,0 +1,140 @@
+"""The H200 campaign: every run behind traces/h200/, in one command on an 8 x H200 host.
+
+    PYTHONPATH=. python3 -m measure.campaigns.h200 --out /tmp/h200 --budget 480 [--smoke]
+
+Runs collective microbenchmarks on all 8 GPUs, then training runs on 8, 4 and 2 GPUs (4- and 2-GPU
+runs concurrently on disjoint GPUs, each with its own CUDA_VISIBLE_DEVICES and master port; the
+manifest notes say so), with the kernel microbenchmark on one GPU beside them. Models are presets
+scaled down by calib.workload.models' rule (all per-layer shapes, fewer layers, sequence 2048).
+Telemetry on/off twins give the telemetry overhead (measure/campaigns/twins.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from measure.campaigns.scheduler import Job, run_jobs, write_summary
+
+L8B = "llama3-8b@L4,S2048"
+L70B = "llama3-70b@L2,S2048"
+G13B = "gpt3-13b@L4"
+G67B = "gpt3-6.7b@L4"
+G13 = "gpt3-1.3b@L8"
+MIX = "mixtral-8x7b@L2,S2048"
+
+# (id, model, tp, pp, dp, ep, mbs, gbs, recompute, extra flags)
+TRAININGS: list[tuple] = [
+    # 8 GPUs
+    ("llama8b-tp2pp2dp2", L8B, 2, 2, 2, 1, 1, 8, "none", []),
+    ("mixtral-ep8", MIX, 1, 1, 8, 8, 1, 8, "none", []),
+    ("gpt13b-tp8-rcfull", G13B, 8, 1, 1, 1, 2, 8, "full", []),
+    ("llama70b-tp4pp2-rcsel", L70B, 4, 2, 1, 1, 1, 4, "selective", []),
+    ("llama8b-dp8-distopt", L8B, 1, 1, 8, 1, 2, 16, "none", ["--distributed-optimizer", "--overlap-grad-reduce"]),
+    # 4 GPUs
+    ("llama8b-tp4-mbs4", L8B, 4, 1, 1, 1, 4, 8, "none", []),
+    ("llama8b-tp4-mbs4-notel", L8B, 4, 1, 1, 1, 4, 8, "none", ["--no-telemetry"]),
+    ("llama8b-pp4-rcfull", L8B, 1, 4, 1, 1, 1, 8, "full", []),
+    ("gpt6.7b-tp2dp2-rcsel", G67B, 2, 1, 2, 1, 2, 8, "selective", []),
+    ("mixtral-ep4", MIX, 1, 1, 4, 4, 1, 4, "none", []),
+    ("llama8b-tp2dp2-sp", L8B, 2, 1, 2, 1, 1, 8, "none", ["--sequence-parallel"]),
+    ("llama8b-pp2vpp2dp2", L8B, 1, 2, 2, 1, 1, 8, "none", ["--vpp", "2"]),
+    # 2 GPUs
+    ("llama8b-tp2", L8B, 2, 1, 1, 1, 1, 8, "none", []),
+    ("llama8b-tp2-notel", L8B, 2, 1, 1, 1, 1, 8, "none", ["--no-telemetry"]),
+    ("gpt6.7b-tp2-mbs4-rcsel", G67B, 2, 1, 1, 1, 4, 8, "selective", []),
+    ("gpt6.7b-tp2-mbs4-rcsel-notel", G67B, 2, 1, 1, 1, 4, 8, "selective", ["--no-telemetry"]),
+    ("gpt13b-pp2-rcfull", G13B, 1, 2, 1, 1, 2, 8, "full", []),
+    ("gpt1.3b-dp2-mbs4", G13, 1, 1, 2, 1, 4, 16, "none", []),
+    ("mixtral-ep2-mbs2", MIX, 1, 1, 2, 2, 2, 4, "none", []),
+    ("llama70b-tp2", L70B, 2, 1, 1, 1, 1, 4, "none", []),
+    # 4-GPU stand-ins for the 8-GPU runs, for hosts of 4 GPUs
+    ("llama8b-tp2pp2", L8B, 2, 2, 1, 1, 1, 8, "none", []),
+    ("llama70b-tp4-rcsel", L70B, 4, 1, 1, 1, 1, 4, "selective", []),
+    ("gpt13b-tp4-rcfull", G13B, 4, 1, 1, 1, 2, 8, "full", []),
+    ("llama8b-dp4-distopt", L8B, 1, 1, 4, 1, 2, 16, "none", ["--distributed-optimizer", "--overlap-grad-reduce"]),
+]
+
+SMOKE: list[tuple] = [
+    ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
+    ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
+]
+
+
+def train_job(spec: tuple, out: Path, warmup: int, steps: int, convert: bool, timeout: float) -> Job:
+    rid, model, tp, pp, dp, ep, mbs, gbs, rc, extra = spec
+    args = [
+        "train", "--model", model, "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--ep", str(ep),
+        "--mbs", str(mbs), "--gbs", str(gbs), "--recompute", rc, "--warmup", str(warmup), "--steps", str(steps),
+        "--profile-steps", "1", "--timeout", str(timeout), "-o", str(out / rid), *extra,
+    ]
+    if not convert:
+        args += ["--no-convert", "--raw-plain"]
+    return Job(rid, tp * pp * dp, args, est_s=35.0 if tp * pp * dp < 8 else 40.0, timeout_s=timeout)
+
+
+def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout: float, total_gpus: int = 8) -> list[Job]:
+    jobs: list[Job] = []
+    if smoke:
+        jobs.append(Job("collectives-smoke", 2, ["collectives", "-o", str(out / "collectives-smoke"), "--max-bytes",
+                                                 str(2**28), "--repeats", "10"], est_s=30, timeout_s=120))
+        jobs += [train_job(s, out, 2, 5, convert, timeout) for s in SMOKE]
+        jobs.append(Job("kernels-smoke", 1, ["kernels", "--quick", "-o", str(out / "kernels-smoke")], est_s=30, timeout_s=120))
+        return jobs
+    by_id = {s[0]: s for s in TRAININGS}
+
+    def t(rid: str) -> Job:
+        return train_job(by_id[rid], out, warmup, steps, convert, timeout)
+
+    # Order = priority: whatever the budget cuts is at the end. Runs of the whole host first, then
+    # smaller runs side by side on disjoint GPUs, the kernel bench on one GPU beside them.
+    two = [t(s[0]) for s in TRAININGS[12:20]]
+    kernels = Job("kernels-h200", 1, ["kernels", "-o", str(out / "kernels-h200"), "--max-seconds", "120"], est_s=40, timeout_s=200)
+    two = two[:2] + [kernels] + two[2:]
+    if total_gpus >= 8:
+        jobs.append(Job("collectives-8gpu", 8, ["collectives", "-o", str(out / "collectives-8gpu")], est_s=45, timeout_s=180))
+        first8 = ["llama8b-tp2pp2dp2", "mixtral-ep8", "llama70b-tp4pp2-rcsel"]
+        jobs += [t(r) for r in first8]
+        jobs += [t(s[0]) for s in TRAININGS[5:12]]
+        jobs += two
+        jobs += [t("gpt13b-tp8-rcfull"), t("llama8b-dp8-distopt")]
+    else:
+        jobs.append(Job("collectives-4gpu", 4, ["collectives", "-o", str(out / "collectives-4gpu")], est_s=40, timeout_s=180))
+        core4 = ["llama8b-tp2pp2", "mixtral-ep4", "llama70b-tp4-rcsel", "llama8b-tp4-mbs4", "llama8b-tp4-mbs4-notel",
+                 "llama8b-pp4-rcfull"]
+        jobs += [t(r) for r in core4]
+        jobs += two
+        jobs += [t(r) for r in ["gpt6.7b-tp2dp2-rcsel", "llama8b-tp2dp2-sp", "llama8b-pp2vpp2dp2", "gpt13b-tp4-rcfull",
+                                "llama8b-dp4-distopt"]]
+    return jobs
+
+
+def _gpus(spec: tuple) -> str:
+    return str(spec[2] * spec[3] * spec[4])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds after which no new job starts")
+    ap.add_argument("--hard", type=float, default=0.0, help="seconds after which running jobs are killed (0: never)")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated job ids to run (default: the whole plan)")
+    ap.add_argument("--no-convert", action="store_true")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=180.0, help="per training run")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = plan(out, a.smoke, not a.no_convert, a.warmup, a.steps, a.timeout, a.gpus)
+    if a.only:
+        keep = set(a.only.split(","))
+        jobs = [j for j in jobs if j.id in keep]
+    run_jobs(jobs, a.gpus, a.budget, out / "logs", hard_s=a.hard or None)
+    write_summary(jobs, out / "campaign.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""`calib measure collectives`: NCCL (or gloo on CPU) collective microbenchmarks -> a collectives bundle.
+
+Each point (kind, group size, bytes) is timed `repeats` times after `warmup` untimed runs: the
+members meet at a barrier, then each times one collective with CUDA events (wall clock on CPU).
+Per repetition, time_s is the slowest member's time and transfer_s the fastest member's (the
+member that arrived last waited least, so its time is the closest to pure transfer); wait_s is their
+difference. The table holds the medians over repetitions and the nccl-tests algbw/busbw of the
+median time (measure/conventions.py). Groups are the first n ranks of the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from calib.bundle.io import BundleWriter
+from calib.bundle.schema import COLLECTIVE_COLUMNS, GpuInfo, Manifest, Software
+from calib.errors import CalibError
+from measure.conventions import KINDS, bandwidths_gbps
+from measure.env import child_env, host_name, visible_gpus
+from measure.train import REPO_ROOT, last_error_line, run_process
+
+GLOO_KINDS = ("all_reduce", "all_gather", "send_recv")
+
+
+def default_sizes(lo: int = 2**10, hi: int = 2**30, step: int = 4) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= step
+    return out
+
+
+def _elements(kind: str, n: int, nbytes: int, elem: int) -> int:
+    """Elements of the per-rank buffer for a point sized by nccl-tests' convention (divisible by n)."""
+    total = max(nbytes // elem, n)
+    return total - total % n
+
+
+def _bench(args: dict) -> None:
+    """Body of one rank (under torchrun)."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = args["device"] == "cuda"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cuda:
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        dev = torch.device("cuda", local)
+        dtype = torch.bfloat16
+    else:
+        dist.init_process_group("gloo")
+        dev = torch.device("cpu")
+        dtype = torch.float32
+    elem = torch.tensor([], dtype=dtype).element_size()
+    groups = {}
+    for n in args["group_sizes"]:
+        if n <= world:
+            groups[n] = dist.new_group(list(range(n))) if n < world else dist.group.WORLD
+    results = []
+
+    def clock() -> tuple:
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ("ev", ev)
+        return ("t", time.perf_counter())
+
+    def elapsed(a: tuple, b: tuple) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+            return a[1].elapsed_time(b[1]) * 1e-3
+        return b[1] - a[1]
+
+    for kind in args["kinds"]:
+        for n, group in groups.items():
+            if kind == "send_recv" and n != 2:
+                continue
+            member = rank < n
+            for nbytes in args["sizes"]:
+                count = _elements(kind, n, nbytes, elem)
+                if member:
+                    if kind == "all_gather":
+                        inp = torch.ones(count // n, dtype=dtype, device=dev)
+                        outp = torch.empty(count, dtype=dtype, device=dev)
+                        op = lambda: dist.all_gather_into_tensor(outp, inp, group=group)  # noqa: E731
+                    elif kind == "reduce_scatter":
+                        inp = torch.ones(count, dtype=dtype, device=dev)
+                        outp = torch.empty(count // n, dtype=dtype, device=dev)
+                        op = lambda: dist.reduce_scatter_tensor(outp, inp, group=group)  # noqa: E731
+                    elif kind == "all_to_all":
+                        inp = torch.ones(count, dtype=dtype, device=dev)
+                        outp = torch.empty(count, dtype=dtype, device=dev)
+                        op = lambda: dist.all_to_all_single(outp, inp, group=group)  # noqa: E731
+                    elif kind == "send_recv":
+                        buf = torch.ones(count, dtype=dtype, device=dev)
+                        op = (lambda: dist.send(buf, 1)) if rank == 0 else (lambda: dist.recv(buf, 0))
+                    else:
+                        buf = torch.ones(count, dtype=dtype, device=dev)
+                        op = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                    times = []
+                    for i in range(args["warmup"] + args["repeats"]):
+                        dist.barrier(group=group)
+                        if cuda:
+                            torch.cuda.synchronize()
+                        a = clock()
+                        op()
+                        b = clock()
+                        t = elapsed(a, b)
+                        if i >= args["warmup"]:
+                            times.append(t)
+                    mine = torch.tensor(times, dtype=torch.float64, device=dev)
+                    allt = [torch.empty_like(mine) for _ in range(n)]
+                    dist.all_gather(allt, mine, group=group)
+                    if rank == 0:
+                        per = torch.stack(allt).cpu()
+                        slow, fast = per.max(0).values.tolist(), per.min(0).values.tolist()
+                        results.append({
+                            "kind": kind, "group_size": n, "bytes": count * elem,
+                            "time_s": statistics.median(slow), "transfer_s": statistics.median(fast),
+                            "wait_s": statistics.median([s - f for s, f in zip(slow, fast, strict=True)]),
+                            "repeats": len(times), "min_s": min(slow), "max_s": max(slow),
+                        })
+                    del op
+                dist.barrier()
+            if cuda:
+                torch.cuda.empty_cache()
+    if rank == 0:
+        out = Path(args["out"])
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(results))
+        os.replace(tmp, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_collectives(
+    out: str | Path, gpus: int, device: str = "cuda", sizes: list[int] | None = None,
+    kinds: list[str] | None = None, group_sizes: tuple[int, ...] = (2, 4, 8), warmup: int = 5,
+    repeats: int = 20, master_port: int = 29700, timeout_s: float = 1200.0, overwrite: bool = False,
+) -> Path:
+    kinds = list(kinds or KINDS)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise CalibError(f"unknown collective(s) {', '.join(bad)}; known: {', '.join(KINDS)}")
+    unsupported = []
+    if device == "cpu":
+        unsupported = [{"option": k, "why": "gloo has no such tensor collective"} for k in kinds if k not in GLOO_KINDS]
+        kinds = [k for k in kinds if k in GLOO_KINDS]
+    else:
+        have = visible_gpus()
+        if gpus > len(have):
+            raise CalibError(f"asked for {gpus} GPUs, {len(have)} visible")
+    if gpus < 2:
+        raise CalibError("collectives need at least 2 ranks")
+    sizes = sizes or default_sizes()
+    gs = tuple(n for n in group_sizes if n <= gpus)
+    manifest = Manifest(kind="collectives", host=host_name(), unsupported=unsupported)
+    manifest.notes.update({
+        "sizes_bytes": sizes, "group_sizes": list(gs), "warmup": warmup, "repeats": repeats,
+        "dtype": "bfloat16" if device == "cuda" else "float32", "groups": "first n ranks of the host",
+        "conventions": "nccl-tests: all_gather sized by total output, reduce_scatter by total input; GB/s = 1e9 B/s",
+        "timing": "per repetition: barrier, then CUDA events around one collective; time_s = median over "
+                  "repetitions of the slowest member, transfer_s = of the fastest, wait_s = of their difference",
+    })
+    writer = BundleWriter(out, manifest, overwrite=overwrite)
+    work = writer.dir("work")
+    result = work / "result.json"
+    args = {"device": device, "sizes": sizes, "kinds": kinds, "group_sizes": list(gs), "warmup": warmup,
+            "repeats": repeats, "out": str(result)}
+    (work / "args.json").write_text(json.dumps(args))
+    env = child_env({"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={master_port}", "-m", "measure.collectives",
+            str(work / "args.json")]
+    rc, wall = run_process(argv, env, work / "log.txt", timeout_s)
+    manifest.notes["wall_s"] = round(wall, 2)
+    _fill_host_facts(manifest, gpus, device)
+    failure = ""
+    if rc is None:
+        failure = f"timed out after {timeout_s:.0f} s"
+    elif rc != 0 or not result.is_file():
+        failure = f"torchrun exited with status {rc}: {last_error_line(work / 'log.txt')}"
+    else:
+        rows = json.loads(result.read_text())
+        df = pd.DataFrame(rows)
+        bw = [bandwidths_gbps(k, n, b, t) for k, n, b, t in zip(df["kind"], df["group_size"], df["bytes"], df["time_s"], strict=True)]
+        df["algbw_gbps"] = [a for a, _ in bw]
+        df["busbw_gbps"] = [b for _, b in bw]
+        df = df[COLLECTIVE_COLUMNS + [c for c in df.columns if c not in COLLECTIVE_COLUMNS]]
+        writer.write_table("collectives", df)
+    if failure:
+        log = work / "log.txt"
+        if log.is_file():
+            (writer.tmp / "log_tail.txt").write_text("\n".join(log.read_text(errors="replace").splitlines()[-80:]) + "\n")
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    return writer.fail(failure) if failure else writer.finish()
+
+
+def _fill_host_facts(manifest: Manifest, count: int, device: str) -> None:
+    from measure.env import software_versions
+
+    sw = software_versions()
+    manifest.software = Software(**{k: v for k, v in sw.items() if k in Software.__dataclass_fields__})
+    if device == "cpu":
+        manifest.gpu = GpuInfo(name="cpu", count=count, vendor="cpu")
+        return
+    try:
+        from measure.telemetry import open_backend
+
+        b = open_backend("auto", visible_gpus()[:1])
+        info = b.info(b.gpus[0])  # type: ignore[attr-defined]
+        b.close()
+        manifest.gpu = GpuInfo(count=count, **info)
+    except CalibError as exc:
+        manifest.notes["gpu_info"] = f"unavailable: {exc}"
+
+
+if __name__ == "__main__":
+    from measure.env import apply_safe_env
+
+    apply_safe_env()
+    _bench(json.loads(Path(sys.argv[1]).read_text()))

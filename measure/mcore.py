@@ -1,0 +1,190 @@
+"""The GPU training path: a megatron-core GPTModel built as the H200 hosts showed works.
+
+Recipe (../shared/reference/gpu-machines.md): megatron-core without Transformer Engine or Apex, the
+local layer spec (torch norms, megatron's own tensor-parallel linears and attention), Float16Module
+for bf16, megatron's DistributedDataParallel (fp32 grad reduction), finalize_model_grads, 1F1B (or
+interleaved) through get_forward_backward_func, and megatron's optimizer (torch AdamW underneath).
+Tokens are random: step time does not depend on their values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from calib.workload.models import ModelSpec
+from measure.request import TrainRequest
+
+VOCAB_MULTIPLE = 128  # Megatron pads the vocabulary to a multiple of 128 x TP
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    m = VOCAB_MULTIPLE * tp
+    return ((vocab + m - 1) // m) * m
+
+
+def sequence_parallel_norm(norm: str) -> type:
+    """A torch norm whose parameters are marked sequence-parallel.
+
+    megatron-core's torch-norm wrapper refuses sequence parallel without Transformer Engine. With
+    sequence parallel each TP rank normalises its own slice of the sequence, so its norm weights see
+    a partial gradient; Megatron all-reduces grads of parameters with `sequence_parallel = True`
+    across the TP group (finalize_model_grads), which is all such a norm needs.
+    """
+    import torch
+
+    base = torch.nn.RMSNorm if norm == "rmsnorm" else torch.nn.LayerNorm
+
+    class SequenceParallelNorm(base):  # type: ignore[misc, valid-type]
+        def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+            super().__init__(hidden_size, eps=eps)
+            for p in self.parameters():
+                p.sequence_parallel = bool(config.sequence_parallel)
+
+    return SequenceParallelNorm
+
+
+def transformer_config(req: TrainRequest, model: ModelSpec) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    p = req.par
+    swiglu = model.activation == "swiglu"
+    kw: dict[str, Any] = dict(
+        num_layers=model.layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn_hidden,
+        num_attention_heads=model.heads, num_query_groups=model.kv_groups, kv_channels=model.head_dim,
+        normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+        gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=not swiglu,  # GPT-3 has biases; Llama and Mixtral have none
+        hidden_dropout=0.0, attention_dropout=0.0,
+        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
+        expert_model_parallel_size=p.ep, sequence_parallel=p.sequence_parallel,
+    )
+    if model.is_moe:
+        kw.update(
+            num_moe_experts=model.experts, moe_router_topk=model.top_k, moe_token_dispatcher_type="alltoall",
+            moe_grouped_gemm=False, moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2,
+        )
+    if p.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif p.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    return TransformerConfig(**kw)
+
+
+def layer_spec(req: TrainRequest, model: ModelSpec) -> Any:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=model.experts or None, moe_grouped_gemm=False,
+        normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+    )
+    if req.par.sequence_parallel:
+        import megatron.core.transformer.transformer_block as block
+
+        norm = sequence_parallel_norm(model.norm)
+        spec.submodules.input_layernorm = norm
+        spec.submodules.pre_mlp_layernorm = norm
+        block.LayerNormImpl = norm  # the final norm of the block
+    return spec
+
+
+def build_training(req: TrainRequest, model: ModelSpec) -> tuple[Callable[[], None], dict]:
+    """Initialise megatron's parallel state, build model + optimizer, return one-iteration step()."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.module import Float16Module
+
+    p = req.par
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None, expert_model_parallel_size=p.ep,
+    )
+    model_parallel_cuda_manual_seed(req.seed)
+    config = transformer_config(req, model)
+    spec = layer_spec(req, model)
+    vocab = padded_vocab(model.vocab, p.tp)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=p.overlap_grad_reduce,
+        use_distributed_optimizer=p.distributed_optimizer, overlap_param_gather=p.overlap_param_gather,
+        bucket_size=40_000_000 if p.overlap_grad_reduce else None,
+    )
+    chunks = []
+    for v in range(p.vpp):
+        vp = v if p.vpp > 1 else None
+        gpt = GPTModel(
+            config=config, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=model.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=model.tied_embeddings,
+            position_embedding_type="rope" if model.position == "rope" else "learned_absolute",
+            vp_stage=vp,
+        )
+        gpt.cuda(torch.cuda.current_device())
+        chunk = Float16Module(config, gpt)
+        chunks.append(DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=v > 0))
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam", lr=1e-5, weight_decay=0.01, bf16=True, params_dtype=torch.bfloat16,
+            use_distributed_optimizer=p.distributed_optimizer, clip_grad=1.0,
+        ),
+        chunks,
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = opt.scale_loss
+    if p.overlap_grad_reduce:
+        no_sync = [c.no_sync for c in chunks]
+        grad_sync = [c.start_grad_sync for c in chunks]
+        config.no_sync_func = no_sync[0] if len(chunks) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(chunks) == 1 else grad_sync
+    if p.overlap_param_gather:
+        param_sync = [c.start_param_sync for c in chunks]
+        config.param_sync_func = param_sync[0] if len(chunks) == 1 else param_sync
+
+    mbs, seq = p.micro_batch, model.seq_length
+    nmb = p.num_microbatches
+    device = torch.device("cuda", torch.cuda.current_device())
+    positions = torch.arange(seq, device=device).unsqueeze(0).expand(mbs, -1)
+
+    def forward_step(data_iterator: Any, chunk: Any) -> tuple[Any, Callable]:
+        tokens = torch.randint(0, model.vocab, (mbs, seq), device=device)
+        output = chunk(tokens, positions, None, labels=tokens)
+
+        def loss_func(out: Any) -> tuple[Any, dict]:
+            loss = out.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        return output, loss_func
+
+    fb = get_forward_backward_func()
+
+    def step() -> None:
+        for c in chunks:
+            c.zero_grad_buffer()
+        opt.zero_grad()
+        fb(
+            forward_step_func=forward_step, data_iterator=[None] * len(chunks), model=chunks,
+            num_microbatches=nmb, seq_length=seq, micro_batch_size=mbs, forward_only=False,
+        )
+        opt.step()
+
+    params = sum(x.numel() for c in chunks for x in c.parameters())
+    info = {
+        "backend": "megatron-core", "vocab_padded": vocab, "optimizer": type(opt).__name__,
+        "microbatches": nmb, "params_on_rank": int(params),
+        "sequence_parallel_norm": "calib SequenceParallelNorm (torch norm, params marked sequence_parallel)"
+        if p.sequence_parallel else "",
+    }
+    return step, info

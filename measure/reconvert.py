@@ -1,0 +1,44 @@
+"""Convert the raw traces a bundle kept (raw/) into ETs later, rewriting the bundle atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from calib.bundle.io import read_bundle
+from calib.errors import CalibError
+from measure.convert import convert_to, raw_paths
+
+
+def reconvert(path: str | Path, drop_raw: bool = False) -> str:
+    src = Path(path)
+    bundle = read_bundle(src)
+    m = bundle.manifest
+    if m.kind != "training" or m.spec is None:
+        raise CalibError(f"bundle {src}: only training bundles hold traces")
+    world = m.spec.tp * m.spec.pp * m.spec.dp
+    host, dev = raw_paths(src / "raw", world)
+    if len(host) < world:
+        raise CalibError(f"bundle {src}: raw/ lacks traces for rank(s) {sorted(set(range(world)) - set(host))}")
+    if not m.steps.profiled:
+        raise CalibError(f"bundle {src}: no profiled step recorded")
+    tmp = src.with_name(src.name + ".reconvert")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("raw") if drop_raw else None)
+    try:
+        notes = convert_to(tmp, host, dev, m.steps.profiled[0])
+        data = json.loads((tmp / "manifest.json").read_text())
+        data.setdefault("notes", {}).update(notes)
+        if drop_raw:
+            data["notes"]["raw"] = "raw traces dropped after conversion"
+        (tmp / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = src.with_name(src.name + ".old")
+    os.replace(src, old)
+    os.replace(tmp, src)
+    shutil.rmtree(old, ignore_errors=True)
+    return f"converted: {src} ({notes['et']})"

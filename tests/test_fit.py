@@ -1,0 +1,99 @@
+"""calib fit end to end on synthetic bundles (tests/fitdata.py) and its refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fitdata import write_collectives, write_kernels, write_training
+
+from calib.bundle.io import load_bundles
+from calib.calibration import Calibration
+from calib.cli import main
+from calib.errors import CalibError
+from calib.fit import fit_calibration
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("bundles")
+    write_kernels(d / "kern")
+    write_collectives(d / "coll")
+    for i, (g, m, mbs) in enumerate([(0.5, 0.2, 1), (0.3, 0.3, 2), (0.6, 0.1, 4), (0.2, 0.5, 8)]):
+        write_training(d / f"train{i}", g, m, mbs)
+    return d
+
+
+def test_fit_everything_with_errors_and_provenance(bundle_dir: Path) -> None:
+    cal = fit_calibration(load_bundles([bundle_dir]))
+    assert {b["id"] for b in cal.bundles} == {"kern", "coll", "train0", "train1", "train2", "train3"}
+    assert all(len(b["sha256"]) == 64 for b in cal.bundles)
+    for name in ("kernel", "kernel.gemm", "kernel.memory", "network", "power.energy_per_step",
+                 "network.astra_sim.intra"):
+        assert name in cal.errors, name
+    assert cal.errors["kernel"].method.startswith("5-fold")
+    assert cal.errors["power.energy_per_step"].method.startswith("leave-one-configuration-out")
+    assert cal.errors["power.energy_per_step"].count == 4
+    assert cal.errors["power.energy_per_step"].mape < 1.0
+    assert cal.provenance["kernel.peaks"].startswith("configured: NVIDIA H200")
+    assert cal.provenance["kernel.classes.gemm"].startswith("calibrated: ")
+    assert cal.provenance["network.astra_sim.inter"].startswith("not calibrated")
+    assert cal.power_model().power_w({"compute": 1.0}) == pytest.approx(620.0, rel=1e-3)
+
+
+def test_cli_writes_file_and_prints_tables(bundle_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "cal.yaml"
+    assert main(["fit", str(bundle_dir), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kernel.gemm" in text and "calibrated" in text and "configured" in text
+    assert Calibration.load(out).gpu == "NVIDIA H200"
+
+
+def test_mixed_gpus_refused_unless_allowed(bundle_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    other = tmp_path / "h100"
+    write_collectives(other / "coll100", gpu="NVIDIA H100 80GB HBM3")
+    out = tmp_path / "cal.yaml"
+    assert main(["fit", str(bundle_dir), str(other), "-o", str(out)]) == 2
+    assert "different GPU models" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["fit", str(bundle_dir), str(other), "--gpu", "h100", "-o", str(out)]) == 0
+    assert Calibration.load(out).gpu.startswith("NVIDIA H100")
+    cal = fit_calibration(load_bundles([bundle_dir, other]), allow_mixed_gpus=True)
+    assert len(cal.bundles) == 7
+
+
+def test_failed_and_partial_bundles_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    b = write_collectives(tmp_path / "bad")
+    mf = b / "manifest.json"
+    data = json.loads(mf.read_text())
+    data.update(status="failed", failure="NCCL timeout")
+    mf.write_text(json.dumps(data))
+    out = tmp_path / "cal.yaml"
+    assert main(["fit", str(b), "-o", str(out)]) == 2
+    assert "failed run: NCCL timeout" in capsys.readouterr().err
+    partial = tmp_path / "run.partial"
+    partial.mkdir()
+    assert main(["fit", str(partial), "-o", str(out)]) == 2
+    assert "incomplete" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_too_few_points_refused(tmp_path: Path) -> None:
+    write_kernels(tmp_path / "tiny", n_gemm=3, n_mem=2)
+    with pytest.raises(CalibError, match="too few"):
+        fit_calibration(load_bundles([tmp_path]))
+
+
+def test_kernel_extrapolation_checks_from_microbenchmark_labels() -> None:
+    from fitdata import labelled_gemm_frame
+
+    from calib.fit import FitOptions, fit_kernels
+    from calib.models.peaks import PEAKS
+
+    _, errors = fit_kernels(labelled_gemm_frame(), PEAKS["H200"], FitOptions())
+    assert errors["kernel.tp1_from_other_tp"].count > 5
+    assert errors["kernel.largest_model"].method.endswith("gpt3-175b's")
+    # The known function saturates, so extrapolated efficiencies hold: small errors (noise is 1%).
+    assert errors["kernel.tp1_from_other_tp"].mape < 5.0
+    assert errors["kernel.largest_model"].mape < 5.0

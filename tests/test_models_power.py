@@ -1,0 +1,46 @@
+"""PowerModel and activity shares on synthetic points from a known function."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calib.errors import CalibError
+from calib.models.power import PowerModel, PowerPoint, exclusive_shares
+
+P = {"compute": 600.0, "memory": 420.0, "comm": 280.0, "idle": 110.0}
+
+
+def _point(i: int, shares: dict[str, float]) -> PowerPoint:
+    p = sum(P[a] * v for a, v in shares.items())
+    return PowerPoint("b", f"cfg{i}", 0, shares, p, p * 0.05, 0.05, 100, 5.0, p * 1.2, 1.8e9, {"sw_power_cap": 0.5})
+
+
+def test_exclusive_shares_resolve_overlap_by_priority() -> None:
+    # gemm 0-4, memory 4-6, comm 3-8 overlapping both; step 10 s.
+    sh = exclusive_shares(np.array([0.0, 4.0, 3.0]), np.array([4.0, 6.0, 8.0]), ["compute", "memory", "comm"], 10.0)
+    assert sh == pytest.approx({"compute": 0.4, "memory": 0.2, "comm": 0.2, "idle": 0.2})
+
+
+def test_recovers_activity_powers_and_predicts_energy() -> None:
+    rng = np.random.default_rng(0)
+    pts = []
+    for i in range(8):
+        v = rng.dirichlet(np.ones(4))
+        pts.append(_point(i, dict(zip(("compute", "memory", "comm", "idle"), v, strict=True))))
+    m = PowerModel.fit(pts, max_sm_clock_hz=1.98e9)
+    for a, w in P.items():
+        assert m.power_by_activity_w[a] == pytest.approx(w, rel=1e-6)
+    assert m.energy_j(0.1, {"compute": 1.0}) == pytest.approx(60.0)
+    assert m.throttle_factor == pytest.approx(1.1)
+    assert m.clock_reasons == {"sw_power_cap": 0.5}
+    again = PowerModel.from_dict(m.to_dict())
+    assert again.power_w({"compute": 0.5, "idle": 0.5}) == pytest.approx(355.0)
+
+
+def test_too_few_windows_and_bad_shares() -> None:
+    with pytest.raises(CalibError, match="need at least"):
+        PowerModel.fit([_point(0, {"compute": 1.0, "memory": 0.0, "comm": 0.0, "idle": 0.0})])
+    m = PowerModel(dict(P))
+    with pytest.raises(CalibError, match="unknown activity"):
+        m.power_w({"thinking": 1.0})

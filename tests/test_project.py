@@ -1,0 +1,188 @@
+"""calib project: the projection report, its JSON, the error band, GPU checks, bad input, sweeps.
+
+The calibration here is built inside the test from KNOWN synthetic functions (a kernel model fitted
+on a known roofline-with-efficiency curve, fixed network and power parameters): it exercises the
+projection machinery, it is not a measurement and no number here is an accuracy claim.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calib.calibration import Calibration
+from calib.cli import main
+from calib.cluster import load_cluster
+from calib.errors import CalibError
+from calib.models.common import ErrorStat
+from calib.models.kernel import KernelModel
+from calib.models.peaks import PEAKS
+from calib.models.power import PowerModel
+from calib.project import project
+from calib.report import plot_projection, projection_table
+from calib.sweep import sweep
+from calib.workload import ops as O
+from calib.workload.models import resolve_model
+from calib.workload.parallel import ParallelConfig
+
+POWER_W = {"compute": 640.0, "memory": 450.0, "comm": 300.0, "idle": 90.0}
+
+
+def known_time(df: pd.DataFrame) -> np.ndarray:
+    """Synthetic kernel time: GEMM efficiency saturating at 70% with size, memory at 85% of HBM, 3 us floor."""
+    fl = df["flops"].to_numpy(float)
+    by = df["bytes"].to_numpy(float)
+    eff = 0.7 * fl / (fl + 5e9)
+    gemm = df["op_class"].to_numpy() == "gemm"
+    t = np.where(gemm, np.maximum(fl / (989.4e12 * np.maximum(eff, 1e-9)), by / (0.8 * 4.8e12)), by / (0.85 * 4.8e12))
+    return 3e-6 + t
+
+
+@pytest.fixture(scope="module")
+def calibration() -> Calibration:
+    rng = np.random.default_rng(0)
+    ops = [O.gemm("g", *(int(2 ** rng.uniform(8, 15)) for _ in range(3)), "bf16") for _ in range(200)]
+    ops += [O.memop("m", float(int(2 ** rng.uniform(16, 31))), "bf16", "aten::add") for _ in range(80)]
+    x = pd.DataFrame([o.record() for o in ops])
+    km = KernelModel(peaks=PEAKS["H200"]).fit(x, known_time(x))
+    intra = {"topology": "Switch", "bandwidth_gbps": 300.0, "latency_ns": 2500.0, "endpoint_delay_ns": 10.0,
+             "implementation": {"allreduce": "ring", "allgather": "ring", "reducescatter": "ring", "alltoall": "direct"}}
+    return Calibration(
+        gpu="NVIDIA H200", bundles=[{"id": "synthetic", "sha256": "0" * 64}], kernel=km.to_dict(),
+        network={"astra_sim": {"intra": intra}}, power=PowerModel(dict(POWER_W), peak_power_w=700.0).to_dict(),
+        errors={"kernel": ErrorStat(3.0, 9.0, 280, "5-fold"), "network": ErrorStat(5.0, 12.0, 40, "5-fold")},
+        source="synthetic-test-calibration",
+    )
+
+
+MAIN = dict(tp=8, pp=16, dp=64, micro_batch=1, global_batch=1536)
+
+
+@pytest.fixture(scope="module")
+def main_result(calibration):
+    return project(resolve_model("gpt3-175b"), ParallelConfig(**MAIN), load_cluster("dgx-h200"), calibration)
+
+
+def test_projection_report_keys_and_consistency(main_result) -> None:
+    r = main_result
+    j = r.to_json()
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "breakdown_s", "memory_gib_per_gpu",
+                "fits_in_memory", "energy_j_per_step", "avg_power_w", "peak_power_w", "error_band", "calibrated",
+                "configured", "calibration_id", "inputs"):
+        assert key in j
+    json.dumps(j, allow_nan=False)
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-6)
+    assert r.breakdown_s["pipeline_bubble"] > 0 and r.breakdown_s["exposed_dp"] > 0
+    assert r.tokens_per_s == pytest.approx(1536 * 2048 / r.step_time_s)
+    assert r.mfu == pytest.approx(r.tflops_per_gpu * 1e12 / 989.4e12)
+    assert 0.05 < r.mfu < 0.8
+    assert r.energy_j_per_step == pytest.approx(r.avg_power_w * r.step_time_s * 8192)
+    assert POWER_W["idle"] < r.avg_power_w < POWER_W["compute"]
+    assert r.fits_in_memory and r.sim["rank_classes"] == 16
+    assert any(c.startswith("network.nvswitch.bandwidth") for c in r.calibrated)
+    assert any(c.startswith("network.rail.bandwidth") for c in r.configured)
+    assert r.calibration_id.startswith("NVIDIA H200-")
+    # No held-out validation in this calibration: the band comes from the per-model errors, and says so.
+    assert r.error_band["pct"] == 5.0 and "per-model" in r.error_band["from"]
+    assert any("no held-out" in n for n in r.notes)
+    assert projection_table(r).row_count > 10
+
+
+def test_error_band_from_validation(calibration) -> None:
+    import dataclasses
+
+    cal = dataclasses.replace(calibration, validation={"heldout_mape": 4.0, "heldout_max": 7.5, "heldout_count": 6})
+    r = project(resolve_model("gpt3-1.3b"), ParallelConfig(tp=2, pp=2, dp=2, global_batch=16), load_cluster("h200-8"), cal)
+    assert r.error_band["low"] == pytest.approx(r.step_time_s * 0.925)
+    assert r.error_band["high"] == pytest.approx(r.step_time_s * 1.075)
+    assert "held-out" in r.error_band["from"]
+
+
+def test_gpu_mismatch_refused_unless_allowed(calibration) -> None:
+    model, par, h100 = resolve_model("gpt3-1.3b"), ParallelConfig(tp=8, global_batch=8), load_cluster("dgx-h100")
+    with pytest.raises(CalibError, match="fitted on NVIDIA H200 but cluster dgx-h100 has H100"):
+        project(model, par, h100, calibration)
+    r = project(model, par, h100, calibration, allow_gpu_mismatch=True)
+    assert any("kernel model" in t for t in r.transferred) and any("power model" in t for t in r.transferred)
+
+
+def test_largest_scale(calibration) -> None:
+    r = project(resolve_model("gpt3-175b"), ParallelConfig(tp=8, pp=16, dp=256, global_batch=4096),
+                load_cluster("dgx-h200"), calibration)
+    assert r.inputs["gpus"] == 32768 and r.step_time_s > 0 and r.sim["simulated_ranks"] == 16
+
+
+def test_plots(main_result, tmp_path) -> None:
+    png = plot_projection(main_result, tmp_path / "p.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = plot_projection(main_result, tmp_path / "p.html").read_text()
+    assert "step time" in html and "pipeline_bubble" in html
+    with pytest.raises(CalibError, match="must end in .png or .html"):
+        plot_projection(main_result, tmp_path / "p.svg")
+
+
+def test_cli_json_and_bad_input(calibration, tmp_path, capsys) -> None:
+    cal_path = tmp_path / "cal.yaml"
+    calibration.save(cal_path)
+    base = ["project", "--model", "gpt3-1.3b", "--cluster", "dgx-h200", "--calibration", str(cal_path), "--gbs", "64"]
+    assert main([*base, "--gpus", "16", "--tp", "2", "--pp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"]["parallel"]["dp"] == 4 and out["step_time_s"] > 0
+    bad = [
+        (["--gpus", "12", "--tp", "2"], "not a multiple of the node size 8"),
+        (["--gpus", "16", "--tp", "2", "--pp", "2", "--dp", "2"], "must equal TP x PP x DP"),
+        (["--gpus", "16", "--tp", "3"], "is not a multiple of TP x PP"),
+        (["--gpus", "24", "--tp", "3", "--pp", "1"], "TP 3 does not divide the 16 attention heads"),
+        (["--gpus", "16", "--pp", "5", "--dp", "3", "--tp", "1"], "must equal TP x PP x DP"),
+        (["--gpus", "16", "--tp", "1", "--pp", "16"], "PP 16 does not divide the 24 layers"),
+        (["--gpus", "16", "--tp", "2", "--ep", "2"], "needs a mixture-of-experts model"),
+    ]
+    for args, message in bad:
+        assert main([*base, *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    moe = ["project", "--model", "mixtral-8x7b", "--cluster", "dgx-h200", "--calibration", str(cal_path), "--gbs", "64"]
+    assert main([*moe, "--gpus", "48", "--tp", "1", "--ep", "5"]) == 2
+    assert "EP 5 must divide DP 48" in capsys.readouterr().err
+    for args, message in (
+        (["--model", "gpt5"], "unknown model 'gpt5'"),
+        (["--cluster", "nowhere"], "unknown cluster 'nowhere'"),
+        (["--cluster", "dgx-h100"], "pass --allow-gpu-mismatch"),
+    ):
+        full = ["project", "--model", "gpt3-1.3b", "--cluster", "dgx-h200", "--calibration", str(cal_path),
+                "--gbs", "64", "--gpus", "8", "--tp", "8", *args]
+        assert main(full) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_sweep_ranks_and_discards_out_of_memory(calibration) -> None:
+    model = resolve_model("gpt3-6.7b")
+    seen: list[tuple[int, int]] = []
+    ranked, oom, notes = sweep(model, 16, ParallelConfig(global_batch=16), load_cluster("dgx-h100"), calibration,
+                               allow_gpu_mismatch=True, max_configs=8, workers=2,
+                               progress=lambda d, t: seen.append((d, t)))
+    assert ranked and oom and len(ranked) <= 12
+    steps = [r.step_time_s for r in ranked]
+    assert steps == sorted(steps) and all(math.isfinite(s) for s in steps)
+    assert all(r.fits for r in ranked) and not any(r.fits for r in oom)
+    assert all(r.par.gpus == 16 for r in ranked + oom)
+    assert seen[-1][0] == seen[-1][1] == len(ranked)
+    assert any("out of memory" in n for n in notes)
+
+
+def test_emit_astra_sim_files(calibration, tmp_path) -> None:
+    from calib.chakra.codec import read_et
+    from calib.chakra.validate import problems
+
+    out = tmp_path / "astra"
+    project(resolve_model("gpt3-1.3b@L4"), ParallelConfig(tp=2, pp=2, dp=4, global_batch=8), load_cluster("dgx-h200"),
+            calibration, emit_astra_sim=out)
+    names = {p.name for p in out.iterdir()}
+    assert {"system.json", "network.yml", "memory.json", "comm_groups.json", "run.sh"} <= names
+    assert {f"workload.{r}.et" for r in range(16)} <= names
+    assert problems(read_et(out / "workload.13.et")) == []
+    assert "--comm-group-configuration=comm_groups.json" in (out / "run.sh").read_text()

@@ -1,0 +1,264 @@
+"""calib validate: measured step times, replay preparation, thresholds, reports, the --check verdict.
+
+Mechanics are tested on small CPU bundles built here (they never count in an error figure, and the
+tests check that they do not) and on the shared H200 sample traces; the figures on the committed
+GPU bundles are tested in test_validate_traces.py, which skips when traces/ has none.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from calib.bundle import BundleWriter, GpuInfo, Manifest, RunSpec, StepsInfo, read_bundle
+from calib.chakra.model import Attr, CommType, ExecutionTrace, Node, NodeType
+from calib.cli import main
+from calib.errors import CalibError
+from calib.validate import run_validation
+from calib.validation.measured import et_breakdown_s, is_real_gpu, measured_step, parallelism_type
+from calib.validation.replay import replay_trace
+from calib.validation.report import markdown, write_reports
+from calib.validation.thresholds import Thresholds, load_thresholds, violations
+from calib.validation.types import HELDOUT, REPLAY, RunError, ValidationReport, summarize
+from tests.conftest import ROOT
+
+
+def cpu_bundle(path: Path, times: dict[int, list[float]], profiled_time: float | None = None) -> Path:
+    """A CPU (gloo) training bundle whose per-rank step times are given; optionally one profiled step
+    at the end (its ETs are not written: read it with read_bundle, which does not check them)."""
+    spec = RunSpec(model="gpt3-1.3b@L2", tp=1, pp=1, dp=len(times), global_batch=len(times), seq_length=2048)
+    n = len(next(iter(times.values())))
+    m = Manifest(kind="training", gpu=GpuInfo(name="cpu", count=len(times), vendor="cpu"), spec=spec,
+                 steps=StepsInfo(warmup=2, measured=n, profiled=[2 + n] if profiled_time else []))
+    w = BundleWriter(path, m)
+    rows = []
+    for rank, ts in times.items():
+        start = 0.0
+        for i, t in enumerate(ts):
+            rows.append({"rank": rank, "step": 2 + i, "start_s": start, "time_s": t, "profiled": False})
+            start += t
+        if profiled_time:
+            rows.append({"rank": rank, "step": 2 + n, "start_s": start, "time_s": profiled_time, "profiled": True})
+    w.write_table("steps", pd.DataFrame(rows))
+    return w.finish()
+
+
+def test_measured_step_is_median_over_steps_of_slowest_rank(tmp_path: Path) -> None:
+    # per-step max over ranks: 1.0, 1.2, 1.1, 3.0 (an outlier), 1.05 -> median 1.1; the profiled 9 s step is out
+    b = read_bundle(cpu_bundle(tmp_path / "b", {0: [1.0, 1.2, 1.0, 3.0, 1.05], 1: [0.9, 1.1, 1.1, 1.0, 1.0]}, 9.0))
+    ms = measured_step(b)
+    assert ms.time_s == pytest.approx(1.1)
+    assert ms.steps == 5
+    assert not is_real_gpu(b)
+
+
+def test_measured_step_needs_unprofiled_steps(tmp_path: Path) -> None:
+    spec = RunSpec(model="gpt3-1.3b@L2")
+    w = BundleWriter(tmp_path / "b", Manifest(kind="training", gpu=GpuInfo(vendor="cpu"), spec=spec))
+    w.write_table("steps", pd.DataFrame([{"rank": 0, "step": 0, "start_s": 0.0, "time_s": 1.0, "profiled": True}]))
+    with pytest.raises(CalibError, match="no measured"):
+        measured_step(read_bundle(w.finish()))
+
+
+def test_parallelism_labels() -> None:
+    assert parallelism_type(RunSpec(tp=2, dp=4)) == "TP+DP"
+    assert parallelism_type(RunSpec(dp=8, ep=8)) == "DP+EP"
+    assert parallelism_type(RunSpec()) == "single"
+
+
+def _et() -> ExecutionTrace:
+    return ExecutionTrace(nodes=[
+        Node(1, "aten::mm", NodeType.COMP_NODE, duration_micros=500, attrs=[Attr("is_cpu_op", True)]),
+        Node(2, "gemm", NodeType.COMP_NODE, data_deps=[1], duration_micros=3,
+             attrs=[Attr("is_cpu_op", False), Attr("duration_ns", 2600), Attr("category", "compute")]),
+        Node(3, "allreduce", NodeType.COMM_COLL_NODE, data_deps=[2], duration_micros=90,
+             attrs=[Attr("is_cpu_op", False), Attr("comm_type", int(CommType.ALL_REDUCE)), Attr("comm_size", 1 << 20),
+                    Attr("duration_ns", 90_000), Attr("wait_ns", 70_000), Attr("transfer_ns", 20_000),
+                    Attr("category", "tp")]),
+    ])
+
+
+def test_replay_drops_cpu_time_and_wait_keeps_kernels() -> None:
+    et = _et()
+    r = replay_trace(et)
+    by = r.by_id()
+    assert by[1].duration_ns == 0 and by[1].duration_micros == 0  # profiled host op: not replayed
+    assert by[2].duration_ns == 2600  # kernel as measured
+    assert by[3].duration_ns == 20_000 and by[3].duration_micros == 20  # transfer part only
+    assert by[3].data_deps == [2]
+    assert et.by_id()[1].duration_micros == 500 and et.by_id()[3].duration_ns == 90_000  # input untouched
+
+
+def test_et_breakdown_counts_kernels_transfer_and_wait() -> None:
+    bd = et_breakdown_s({0: _et(), 1: _et()})
+    assert bd["compute"] == pytest.approx(2.6e-6)
+    assert bd["tp"] == pytest.approx(20e-6)
+    assert bd["wait"] == pytest.approx(70e-6)
+    assert "cpu" not in bd
+
+
+def _run(run: str, kind: str, measured: float, predicted: float | None, par: str = "TP") -> RunError:
+    from calib.validation.types import relative_error_pct
+
+    return RunError(run=run, config=f"cfg-{run}", model="m", gpus=2, tp=2, pp=1, dp=1, ep=1, parallelism=par,
+                    kind=kind, measured_step_s=measured, measured_steps=10, predicted_step_s=predicted,
+                    error_pct=relative_error_pct(predicted, measured),
+                    breakdown_measured_s={"compute": 0.8 * measured, "tp": 0.1 * measured},
+                    breakdown_predicted_s={"compute": 0.8 * measured, "tp": 0.12 * measured})
+
+
+def test_summary_statistics() -> None:
+    runs = [_run("a", HELDOUT, 1.0, 1.02), _run("b", HELDOUT, 2.0, 1.9), _run("a", REPLAY, 1.0, 0.99),
+            _run("c", HELDOUT, 1.0, None)]
+    s = summarize(runs, real_bundles=3)
+    assert s["heldout_mape"] == pytest.approx(3.5)  # (2 + 5) / 2
+    assert s["heldout_max"] == pytest.approx(5.0)
+    assert s["heldout_count"] == 2 and s["heldout_missing"] == 1
+    assert s["replay_mape"] == pytest.approx(1.0) and s["replay_count"] == 1
+
+
+def test_thresholds_file_is_valid_and_goals_not_enforced() -> None:
+    t = load_thresholds(ROOT / "validation-thresholds.yaml")
+    assert set(t.limits) >= {"heldout", "replay"}
+    assert t.goals["heldout"] == {"mean_pct": 3.0, "max_pct": 6.0}
+    assert t.goals["replay"]["mean_pct"] == 2.0
+
+
+def test_check_fails_when_a_mean_or_max_exceeds_its_threshold() -> None:
+    t = Thresholds(limits={"heldout": {"mean_pct": 3.0, "max_pct": 4.0}, "replay": {"mean_pct": 2.0}})
+    ok = summarize([_run("a", HELDOUT, 1.0, 1.02), _run("a", REPLAY, 1.0, 1.01)], real_bundles=1)
+    assert violations(ok, t) == []
+    bad_max = summarize([_run("a", HELDOUT, 1.0, 1.0), _run("b", HELDOUT, 1.0, 1.05),
+                         _run("a", REPLAY, 1.0, 1.01)], real_bundles=2)
+    lines = violations(bad_max, t)
+    assert len(lines) == 1 and lines[0].startswith("heldout max step-time error 5.00% exceeds the threshold 4.00%")
+    no_replay = summarize([_run("a", HELDOUT, 1.0, 1.0)], real_bundles=1)
+    assert any("no replay error" in v for v in violations(no_replay, t))
+    assert violations(summarize([], real_bundles=0), t) == [
+        "no real GPU training bundles to validate (CPU bundles never count)"]
+
+
+@pytest.mark.parametrize(("text", "msg"), [
+    ("schema: other\n", "schema must be"),
+    ("schema: calib.validation-thresholds/1\nthresholds: {heldout: {mean_pct: -1}}\n", "positive percentage"),
+    ("schema: calib.validation-thresholds/1\nthresholds: {heldout: {avg: 1}}\n", "is not one of mean_pct"),
+    ("schema: [\n", "not valid YAML"),
+])
+def test_bad_thresholds_file_is_one_line(tmp_path: Path, text: str, msg: str) -> None:
+    p = tmp_path / "t.yaml"
+    p.write_text(text)
+    with pytest.raises(CalibError, match=msg):
+        load_thresholds(p)
+
+
+def test_reports_are_written_with_embedded_plots(tmp_path: Path) -> None:
+    runs = [_run("a", HELDOUT, 1.0, 1.02, "TP"), _run("b", HELDOUT, 2.0, 1.9, "TP+DP"),
+            _run("a", REPLAY, 1.0, 0.99, "TP"), _run("b", REPLAY, 2.0, None, "TP+DP")]
+    runs[-1].note = "bundle has no converted ETs"
+    rep = ValidationReport(runs=runs, models=[], summary=summarize(runs, 2), calibration={"path": "c.yaml"},
+                           thresholds={"heldout": {"mean_pct": 4.0}}, goals={"heldout": {"mean_pct": 3.0}})
+    paths = write_reports(rep, tmp_path / "reports")
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"]["heldout_mape"] == pytest.approx(3.5) and data["summary"]["replay_count"] == 1
+    assert [r["kind"] for r in data["runs"]] == ["heldout", "heldout", "replay", "replay"]
+    assert data["runs"][3]["predicted_step_s"] is None and data["runs"][3]["note"]
+    page = paths["html"].read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 4  # predicted vs measured, per-run error, by parallelism, breakdown
+    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    md = paths["md"].read_text()
+    assert "| held-out | 3.50% | 5.00% | 2 | 2 |" in md and "goal: mean 3%" in md
+    assert "bundle has no converted ETs" in markdown(rep)
+    assert not list((tmp_path / "reports").glob(".*tmp*"))  # no temp files left behind
+
+
+def test_cpu_bundles_never_count_and_check_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = cpu_bundle(tmp_path / "traces" / "cpu-run", {0: [1.0, 1.1, 1.0], 1: [1.0, 1.0, 1.0]})
+    rep = run_validation([b.parent], out_dir=tmp_path / "out", write_calibration=False)
+    assert rep.runs == [] and rep.summary["real_bundles"] == 0
+    assert rep.excluded[0]["run"] == "cpu-run" and "never counts" in rep.excluded[0]["why"]
+    assert (tmp_path / "out" / "validation.json").is_file()
+    rc = main(["validate", str(b.parent), "--out", str(tmp_path / "out2"), "--check", "--no-write-calibration"])
+    assert rc == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: no real GPU training bundles to validate (CPU bundles never count)"
+    # without --check the same run is a report, not a failure
+    assert main(["validate", str(b.parent), "--out", str(tmp_path / "out3"), "--no-write-calibration"]) == 0
+
+
+def test_missing_bundle_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: ")
+
+
+def test_replay_of_converted_sample_keeps_measured_kernels(samples: Path) -> None:
+    """The shared H200 collectives sample, converted and replayed: every kernel's measured time is
+    simulated as is, so each rank's simulated compute busy time equals the sum of its kernels and the
+    step cannot be shorter than that."""
+    convert = pytest.importorskip("calib.convert")
+    sim = pytest.importorskip("calib.sim")
+    if not hasattr(sim, "simulate"):
+        pytest.skip("calib.sim.simulate has not landed")
+    from calib.sim.config import Dim, NetworkConfig, SystemConfig
+    from calib.validation.replay import RunTraces, replay_workload
+
+    d = samples / "h200x2-collectives"
+    conv = convert.convert_traces({r: d / f"host.{r}.json.gz" for r in (0, 1)},
+                                  {r: d / f"device.{r}.json.gz" for r in (0, 1)})
+    run = RunTraces(conv.traces, conv.comm_groups)
+    wl = replay_workload(run)
+    # configured (not calibrated) NVLink-like values: this checks the replay mechanics only
+    net = NetworkConfig((Dim("Switch", 2, 300.0, 500.0),))
+    res = sim.simulate(wl, net, SystemConfig())
+    assert len(res.finish_ns) == 2
+    for rank, trace in conv.traces.items():
+        kernels_ns = sum(n.duration_ns for n in trace.nodes
+                         if n.type == NodeType.COMP_NODE and not n.is_cpu_op)
+        assert res.finish_ns[rank] >= kernels_ns
+        if res.busy_ns:
+            assert sum(v for k, v in res.busy_ns[rank].items() if k not in ("tp", "pp", "dp", "ep", "comm", "cpu")) \
+                == pytest.approx(kernels_ns, rel=1e-6)
+
+
+def test_orchestrator_on_synthetic_bundles(tmp_path: Path) -> None:
+    """The whole job on bundles generated from known functions (tests/fitdata.py; never data): every
+    run gets a held-out, in-sample and replay entry, the held-out fit excludes the run's own
+    configuration, CPU bundles stay out, and the calibration file's validation section is written."""
+    from calib.calibration import Calibration
+    from calib.fit import fit_calibration
+    from tests import fitdata as F
+
+    root = tmp_path / "traces"
+    F.write_kernels(root / "k")
+    F.write_collectives(root / "c", group_sizes=(2,), kinds=("all_reduce",))
+    F.write_training(root / "t1", 0.5, 0.2, 1)
+    F.write_training(root / "t2", 0.6, 0.15, 2)
+    F.write_training(root / "t3", 0.55, 0.2, 4)
+    cpu_bundle(root / "cpu", {0: [1.0, 1.0], 1: [1.0, 1.0]})
+    cal_path = tmp_path / "cal.yaml"
+    fit_calibration(load_bundles_real(root)).save(cal_path)
+    rep = run_validation([root], calibration_path=cal_path, out_dir=None, jobs=1)  # reports: tested above
+    kinds = sorted((r.run, r.kind) for r in rep.runs)
+    assert kinds == [(t, k) for t in ("t1", "t2", "t3") for k in ("heldout", "in-sample", "replay")]
+    for r in rep.of_kind(HELDOUT):
+        assert r.run not in r.fitted_on and "cpu" not in r.fitted_on and {"k", "c"} <= set(r.fitted_on)
+        assert r.predicted_step_s and r.predicted_step_s > 0
+    for r in rep.of_kind(REPLAY):  # the synthetic ETs are empty: no replay figure, and it says why
+        assert r.error_pct is None and "no GPU work" in r.note
+    assert [e["run"] for e in rep.excluded] == ["cpu"]
+    assert rep.summary["real_bundles"] == 3 and rep.summary["heldout_count"] == 3
+    assert any("replay: run t1 has no replay error" in v for v in rep.violations)
+    val = Calibration.load(cal_path).validation
+    assert val["heldout_mape"] == pytest.approx(rep.summary["heldout_mape"], rel=1e-5)
+    assert val["heldout_count"] == 3 and len(val["runs"]) == 9
+
+
+def load_bundles_real(root: Path) -> list:
+    from calib.bundle import load_bundles
+
+    return [b for b in load_bundles([root]) if is_real_gpu(b)]

@@ -1,0 +1,217 @@
+"""Workload generation: schedules, FLOPs, memory and the generated ETs (Megatron semantics)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calib.chakra.model import CommType, NodeType
+from calib.chakra.validate import problems
+from calib.errors import CalibError
+from calib.workload import memory
+from calib.workload.flops import model_flops_per_step, narayanan_flops_per_step
+from calib.workload.generate import generate
+from calib.workload.models import resolve_model
+from calib.workload.parallel import ParallelConfig, coords, dp_group, tp_group
+from calib.workload.schedule import max_in_flight, stage_schedule
+
+
+def roofline(df: pd.DataFrame) -> np.ndarray:
+    """Synthetic kernel time from a known function (not a measurement): roofline plus 4 us."""
+    return np.maximum(df["flops"].to_numpy() / 800e12, df["bytes"].to_numpy() / 3e12) + 4e-6
+
+
+@pytest.mark.parametrize("pp,m,vpp", [(1, 3, 1), (4, 8, 1), (4, 2, 1), (4, 8, 2), (2, 4, 3)])
+def test_schedules_run_every_pass_once_forward_first(pp: int, m: int, vpp: int) -> None:
+    for stage in range(pp):
+        s = stage_schedule(stage, pp, m, vpp)
+        assert Counter((p.kind, p.micro_batch, p.chunk) for p in s) == Counter(
+            (k, i, c) for k in "FB" for i in range(m) for c in range(vpp))
+        pos = {(p.kind, p.micro_batch, p.chunk): i for i, p in enumerate(s)}
+        assert all(pos[("F", i, c)] < pos[("B", i, c)] for i in range(m) for c in range(vpp))
+    if vpp == 1:
+        # 1F1B: stage p keeps min(PP - p, m) micro-batches in flight (Narayanan et al. 2021).
+        assert [max_in_flight(stage_schedule(p, pp, m)) for p in range(pp)] == [min(pp - p, m) for p in range(pp)]
+
+
+def test_flops_match_narayanan_for_gpt3() -> None:
+    model = resolve_model("gpt3-175b")
+    par = ParallelConfig(tp=8, pp=16, dp=64, global_batch=1536)
+    assert model_flops_per_step(model, par) == pytest.approx(narayanan_flops_per_step(model, par), rel=1e-12)
+
+
+def test_activation_memory_matches_korthikanti() -> None:
+    model = resolve_model("gpt3-175b")
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    sbh = s * b * h
+    cases = {
+        (True, "none"): sbh / t * (34 + 5 * a * s / h),
+        (False, "none"): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        (True, "selective"): sbh / t * 34,
+        (True, "full"): 2 * sbh / t,
+    }
+    for (sp, rc), want in cases.items():
+        par = ParallelConfig(tp=t, pp=16, dp=4, sequence_parallel=sp, recompute=rc, global_batch=64)
+        assert memory.layer_activation_bytes(model, par) == pytest.approx(want, rel=1e-12)
+
+
+def test_model_state_bytes_per_parameter() -> None:
+    model = resolve_model("gpt3-13b")
+    plain = memory.estimate(model, ParallelConfig(tp=8, dp=4, global_batch=32), 80e9)
+    dist = memory.estimate(model, ParallelConfig(tp=8, dp=4, global_batch=32, distributed_optimizer=True), 80e9)
+    params = plain.weights_bytes / 2
+    assert (plain.weights_bytes + plain.grads_bytes + plain.optimizer_bytes) / params == pytest.approx(18)
+    assert (dist.weights_bytes + dist.grads_bytes + dist.optimizer_bytes) / params == pytest.approx(6 + 12 / 4)
+    assert plain.fits and not memory.estimate(resolve_model("gpt3-175b"), ParallelConfig(global_batch=1), 80e9).fits
+
+
+def _colls(trace, kind=None):
+    return [n for n in trace.nodes if n.type == NodeType.COMM_COLL_NODE and (kind is None or n.attr("category") == kind)]
+
+
+def test_tp_collectives_per_layer_with_and_without_sp() -> None:
+    model = resolve_model("gpt3-1.3b@L2")
+    for sp in (False, True):
+        par = ParallelConfig(tp=4, pp=1, dp=1, micro_batch=1, global_batch=1, sequence_parallel=sp)
+        tr = generate(model, par, roofline).workload.classes[0].trace
+        kinds = Counter(CommType(n.attr("comm_type")).name for n in _colls(tr, "tp") if ".loss." not in n.name)
+        if sp:  # per layer: fwd AG+RS twice, bwd AG (grad) + AG (re-gather) + RS twice; embedding RS/AG; output AG/RS/AG
+            assert kinds == {"ALL_GATHER": 2 * 2 + 2 * 4 + 1 + 2, "REDUCE_SCATTER": 2 * 2 + 2 * 2 + 1 + 1}
+        else:  # per layer: 2 all-reduces forward, 2 backward; embedding forward; output backward
+            assert kinds == {"ALL_REDUCE": 2 * 4 + 1 + 1}
+        ag = [n for n in _colls(tr, "tp") if n.attr("comm_type") == CommType.ALL_GATHER]
+        act = model.seq_length * model.hidden * 2
+        assert all(n.attr("comm_size") == act // 4 for n in ag)  # all-gather: per-rank shard
+
+
+def _sends_recvs(workload):
+    sends, recvs = Counter(), Counter()
+    for c in workload.classes:
+        for n in c.trace.nodes:
+            key = (n.attr("comm_src"), n.attr("comm_dst"), n.attr("comm_tag"), n.attr("comm_size"))
+            if n.type == NodeType.COMM_SEND_NODE:
+                assert n.attr("comm_src") == c.rep
+                sends[key] += 1
+            elif n.type == NodeType.COMM_RECV_NODE:
+                assert n.attr("comm_dst") == c.rep
+                recvs[key] += 1
+    return sends, recvs
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_pipeline_sends_and_receives_pair_up(vpp: int) -> None:
+    model = resolve_model("gpt3-1.3b@L8")
+    par = ParallelConfig(tp=2, pp=4, dp=2, vpp=vpp, micro_batch=1, global_batch=16)
+    gen = generate(model, par, roofline)
+    assert len(gen.workload.classes) == 4
+    assert sorted(r for c in gen.workload.classes for r in c.members) == list(range(16))
+    sends, recvs = _sends_recvs(gen.workload)
+    m = par.num_microbatches
+    assert sends == recvs and sum(sends.values()) == 2 * m * (4 * vpp - 1)
+    for c in gen.workload.classes:
+        assert problems(c.trace) == []
+
+
+def test_materialize_rewrites_groups_and_peers() -> None:
+    model = resolve_model("gpt3-1.3b@L4")
+    par = ParallelConfig(tp=2, pp=2, dp=4, micro_batch=1, global_batch=8)
+    gen = generate(model, par, roofline)
+    groups = gen.workload.comm_groups
+    for rank in (0, 5, 11, 15):
+        tr = gen.materialize(rank)
+        assert problems(tr) == []
+        t, d, p = coords(rank, par)
+        for n in tr.nodes:
+            if n.type == NodeType.COMM_COLL_NODE:
+                members = groups[int(n.attr("pg_name"))]
+                want = tp_group(rank, par) if n.attr("category") == "tp" else dp_group(rank, par)
+                assert members == want
+            elif n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE):
+                me = n.attr("comm_src") if n.type == NodeType.COMM_SEND_NODE else n.attr("comm_dst")
+                peer = n.attr("comm_dst") if n.type == NodeType.COMM_SEND_NODE else n.attr("comm_src")
+                assert me == rank and coords(peer, par)[:2] == (t, d) and abs(coords(peer, par)[2] - p) == 1
+
+
+def test_recompute_adds_forward_work_to_backward() -> None:
+    model = resolve_model("gpt3-1.3b@L4")
+    base = dict(tp=1, pp=1, dp=1, micro_batch=1, global_batch=2)
+    t = {rc: generate(model, ParallelConfig(**base, recompute=rc), roofline).stage_compute_s[0]
+         for rc in ("none", "selective", "full")}
+    assert t["none"] < t["selective"] < t["full"]
+    fwd_share = (t["full"] - t["none"]) / t["none"]
+    assert 0.2 < fwd_share < 0.4  # a layer's forward is about a third of forward + backward
+
+
+def test_data_parallel_gradients_and_distributed_optimizer() -> None:
+    model = resolve_model("gpt3-1.3b@L4")
+    for dist, want in ((False, {"ALL_REDUCE"}), (True, {"REDUCE_SCATTER", "ALL_GATHER"})):
+        par = ParallelConfig(tp=1, pp=1, dp=4, micro_batch=1, global_batch=4, distributed_optimizer=dist)
+        tr = generate(model, par, roofline).workload.classes[0].trace
+        dp = _colls(tr, "dp")
+        assert {CommType(n.attr("comm_type")).name for n in dp} == want
+        grads = sum(n.attr("comm_size") for n in dp if n.attr("comm_type") != CommType.ALL_GATHER)
+        padded_vocab = 50304  # 50257 rounded up to a multiple of 128 x TP, as Megatron pads it
+        params = model.param_count() + (padded_vocab - model.vocab) * model.hidden * 2
+        assert grads == pytest.approx(4 * params, rel=1e-6)  # fp32 gradients of every parameter, once
+
+
+def test_overlapped_grad_reduce_runs_under_backward() -> None:
+    model = resolve_model("gpt3-1.3b@L8")
+    par = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, overlap_grad_reduce=True)
+    tr = generate(model, par, roofline).workload.classes[0].trace
+    dp_ids = [n.id for n in _colls(tr, "dp")]
+    assert len(dp_ids) > 1  # several buckets
+    later_compute = [n for n in tr.nodes if n.type == NodeType.COMP_NODE and n.id > dp_ids[0] and ".bwd." in n.name]
+    assert later_compute  # backward compute still to run after the first bucket was issued
+
+
+def test_moe_all_to_all_on_expert_groups() -> None:
+    model = resolve_model("mixtral-8x7b@L2")
+    par = ParallelConfig(tp=1, pp=1, dp=8, ep=4, micro_batch=1, global_batch=8)
+    gen = generate(model, par, roofline)
+    tr = gen.workload.classes[0].trace
+    a2a = [n for n in _colls(tr, "ep")]
+    assert len(a2a) == 4 * 2 and all(n.attr("comm_type") == CommType.ALL_TO_ALL for n in a2a)
+    assert all(len(gen.workload.comm_groups[int(n.attr("pg_name"))]) == 4 for n in a2a)
+    edp = [n for n in _colls(tr, "dp") if len(gen.workload.comm_groups[int(n.attr("pg_name"))]) == 2]
+    assert edp  # expert gradients reduced over DP / EP = 2 ranks
+
+
+def test_large_scale_stays_small() -> None:
+    model = resolve_model("gpt3-175b")
+    par = ParallelConfig(tp=8, pp=16, dp=256, micro_batch=1, global_batch=4096)
+    gen = generate(model, par, roofline)
+    assert gen.workload.num_ranks == 32768 and len(gen.workload.classes) == 16
+    assert sum(len(c.trace.nodes) for c in gen.workload.classes) < 100_000
+    assert problems(gen.materialize(32767)) == []
+
+
+def test_bad_configurations_are_one_line() -> None:
+    with pytest.raises(CalibError, match="needs sequence parallel"):
+        generate(resolve_model("mixtral-8x7b@L2"), ParallelConfig(tp=2, dp=4, ep=2, global_batch=8), roofline)
+    with pytest.raises(CalibError, match="does not divide the 96 attention heads"):
+        generate(resolve_model("gpt3-175b"), ParallelConfig(tp=5, global_batch=8), roofline)
+
+    def bad(df: pd.DataFrame) -> np.ndarray:
+        return np.full(len(df), np.nan)
+
+    with pytest.raises(CalibError, match="invalid times"):
+        generate(resolve_model("gpt3-1.3b@L2"), ParallelConfig(global_batch=1), bad)
+
+
+def test_compute_durations_come_from_the_kernel_time_function() -> None:
+    model = resolve_model("gpt3-1.3b@L4")
+    par = ParallelConfig(tp=2, pp=2, dp=1, micro_batch=1, global_batch=4)
+
+    def const(us: float):
+        return lambda df: np.full(len(df), us * 1e-6)
+
+    one, three = generate(model, par, const(1.0)), generate(model, par, const(3.0))
+    assert all(t3 == pytest.approx(3 * t1) for t1, t3 in zip(one.stage_compute_s, three.stage_compute_s, strict=True))
+    assert (three.ops["time_s"] == 3e-6).all()
+    assert {"op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype"} <= set(one.ops.columns)
+    nodes = [n for c in one.workload.classes for n in c.trace.nodes if n.type == NodeType.COMP_NODE]
+    assert all(n.duration_micros == round(n.duration_ns / 1000) for n in nodes)
