@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -90,8 +91,19 @@ def write_text_atomic(path: str | Path, text: str | bytes) -> Path:
     return p
 
 
+def _finite(value: object) -> object:
+    """JSON has no NaN/inf: such a number (an unknown) becomes null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def to_json_text(r: ProjectionResult) -> str:
-    return json.dumps(r.to_json(), indent=2, allow_nan=False, default=float)
+    return json.dumps(_finite(r.to_json()), indent=2, allow_nan=False, default=float)
 
 
 def plot_projection(r: ProjectionResult, path: str | Path) -> Path:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
 from calib.workload import memory as memory_model
+from calib.workload.flops import hardware_flops_per_step
 from calib.workload.generate import check_supported
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
@@ -93,10 +94,16 @@ def sweep(model: ModelSpec, gpus: int, base: ParallelConfig, cluster: ClusterPre
     fit = [r for r in rows if r.fits]
     oom = [r for r in rows if not r.fits]
     if len(fit) > max_configs:
-        # Keep the ones with the most memory headroom traded for the least recomputation first.
-        order = {"none": 0, "selective": 1, "full": 2}
-        fit.sort(key=lambda r: (order[r.par.recompute], r.par.pp, -r.par.micro_batch))
-        notes.append(f"{len(fit)} configurations fit in memory; simulated the first {max_configs} (--sweep-max)")
+        # Simulate the most promising by a first-order estimate: FLOPs (with recomputation) at peak,
+        # stretched by the pipeline bubble (PP - 1) / (m x VPP).
+        def estimate(r: SweepRow) -> float:
+            p = r.par
+            bubble = (p.pp - 1) / (p.num_microbatches * p.vpp)
+            return hardware_flops_per_step(model, p) / gpus * (1 + bubble)
+
+        fit.sort(key=estimate)
+        notes.append(f"{len(fit)} configurations fit in memory; simulated the {max_configs} best by FLOPs and "
+                     "pipeline bubble (--sweep-max)")
         fit = fit[:max_configs]
     jobs = [(i, model, r.par, cluster, calibration, allow_gpu_mismatch) for i, r in enumerate(fit)]
     n_workers = workers or max(1, os.cpu_count() or 1)

@@ -351,7 +351,8 @@ def _calibration_model_errors(cal: object) -> list[ModelError]:
         out.append(ModelError(
             str(name), None if mape is None or not math.isfinite(float(mape)) else float(mape),
             None if mx is None or not math.isfinite(float(mx)) else float(mx), int(d.get("count", 0)),
-            "cross-validated", f"from the calibration file ({d.get('method', 'method not stated')})",
+            IN_SAMPLE if "in-sample" in str(d.get("method", "")) else "cross-validated",
+            f"from the calibration file ({d.get('method', 'method not stated')})",
         ))
     return out
 

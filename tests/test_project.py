@@ -186,3 +186,14 @@ def test_emit_astra_sim_files(calibration, tmp_path) -> None:
     assert {f"workload.{r}.et" for r in range(16)} <= names
     assert problems(read_et(out / "workload.13.et")) == []
     assert "--comm-group-configuration=comm_groups.json" in (out / "run.sh").read_text()
+
+
+def test_cli_sweep_json(calibration, tmp_path, capsys) -> None:
+    cal_path = tmp_path / "cal.yaml"
+    calibration.save(cal_path)
+    args = ["project", "--model", "gpt3-1.3b", "--gpus", "16", "--gbs", "32", "--cluster", "dgx-h200",
+            "--calibration", str(cal_path), "--sweep", "--sweep-max", "3", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["ranked"]) == 3 and out["ranked"][0]["step_time_s"] <= out["ranked"][-1]["step_time_s"]
+    assert any("best by FLOPs" in n for n in out["notes"])

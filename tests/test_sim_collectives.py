@@ -40,10 +40,11 @@ def test_ring_closed_forms(n, topo, hops):
 
 def test_direct_on_ring_costs_the_farthest_peer():
     d = Dim("Ring", 10, 25.0, 300.0)
-    tm = _timer([d], all_reduce_impl=["direct"], all_to_all_impl=["direct"], local_mem_bw_gbps=1000.0)
+    # a fast reduction (P + E below one hop's latency): every step waits for the farthest peer
+    tm = _timer([d], all_reduce_impl=["direct"], all_to_all_impl=["direct"], local_mem_bw_gbps=5000.0)
     S = 1 << 20
     T = _T(d, S // 10, 5)
-    P = 3 * int((S // 10) // 1000.0)
+    P = 3 * int((S // 10) // 5000.0)
     world = list(range(10))
     assert tm.finish_times(AR, S, world, [0] * 10)[0] == 2 * (T + 10) + 10 + P
     assert tm.finish_times(A2A, S, world, [0] * 10)[0] == T + 20
@@ -60,7 +61,7 @@ def test_halving_doubling_closed_form():
 def test_chunking_and_plans():
     sysc = SystemConfig(preferred_dataset_splits=4)
     assert chunking(AR, 1000, 32, sysc) == (250, 4)
-    assert chunking(AR, 64, 32, sysc) == (32, 2)  # chunk floor: the cluster's rank count
+    assert chunking(AR, 64, 32, sysc) == (32, 4)  # chunk floor: the cluster's rank count, splits chunks
     assert chunking(AG, 64, 32, sysc) == (16, 4)  # ... but not for all-gather
     topo = MultiDimTopology(NetworkConfig((Dim("Switch", 8, 1.0, 1.0), Dim("Switch", 1, 1.0, 1.0), Dim("Ring", 4, 1.0, 1.0))))
     plan = plan_collective(AR, 4096, list(range(32)), topo, SystemConfig(all_reduce_impl=["ring"] * 3, reduce_scatter_impl=["ring"] * 3, all_gather_impl=["ring"] * 3))
@@ -112,13 +113,18 @@ def test_double_binary_tree_roles():
     assert fin[0] == fin[2] == fin[4] == fin[6] == root + 2 * (T + E + P) + (T + E)  # inner nodes reduce on the way down too; leaves do not
 
 
-def test_doubletree_only_for_allreduce_and_powers_of_two_for_hd():
+def test_halving_doubling_needs_power_of_two_and_tree_phases_keep_their_size():
     d = Dim("Switch", 6, 1.0, 1.0)
     with pytest.raises(CalibError, match="halvingDoubling needs a power-of-two"):
         _timer([d], all_reduce_impl=["halvingDoubling"]).finish_times(AR, 1 << 20, list(range(6)), [0] * 6)
-    with pytest.raises(CalibError, match="all-reduce algorithm"):
-        _timer([d], all_gather_impl=["doubleBinaryTree"]).finish_times(AG, 1 << 20, list(range(6)), [0] * 6)
+    with pytest.raises(CalibError, match="halvingDoubling has no all-to-all"):
+        _timer([d.__class__("Switch", 4, 1.0, 1.0)], all_to_all_impl=["halvingDoubling"]).finish_times(A2A, 1 << 20, list(range(4)), [0] * 4)
     assert math.isfinite(_timer([d]).finish_times(AR, 1 << 20, list(range(6)), [0] * 6)[0])
+    # A tree on dimension 0 of an all-reduce is a whole all-reduce there (ASTRA-sim's
+    # DoubleBinaryTreeAllReduce), so the last dimension sees the full chunk.
+    topo = MultiDimTopology(NetworkConfig((Dim("Switch", 4, 1.0, 1.0), Dim("Switch", 2, 1.0, 1.0))))
+    plan = plan_collective(AR, 4096, list(range(8)), topo, SystemConfig(all_reduce_impl=["doubleBinaryTree", "ring"]))
+    assert [(p.impl, p.size) for p in plan.phases] == [("doubleBinaryTree", 4096), ("ring", 4096), ("doubleBinaryTree", 4096)]
 
 
 @pytest.mark.parametrize(
@@ -130,7 +136,7 @@ def test_doubletree_only_for_allreduce_and_powers_of_two_for_hd():
         ([Dim("Ring", 8, 100.0, 250.0), Dim("Switch", 2, 30.0, 900.0)], AR, "halvingDoubling", 2, 1, None),
         ([Dim("Switch", 4, 200.0, 300.0), Dim("Switch", 4, 30.0, 900.0)], AR, "doubleBinaryTree", 3, 1, None),
         ([Dim("Switch", 4, 200.0, 300.0), Dim("Switch", 4, 30.0, 900.0)], RS, "ring", 3, 1, [0, 1, 5, 6, 10, 15]),
-        ([Dim("Switch", 4, 200.0, 300.0), Dim("Switch", 4, 30.0, 900.0)], AR, "direct", 1, 1, [0, 5, 10, 12]),
+        ([Dim("Switch", 4, 200.0, 300.0), Dim("Switch", 4, 30.0, 900.0)], RS, "direct", 1, 1, [0, 5, 10, 12]),
     ],
 )
 def test_line_engine_matches_message_engine_with_stragglers(dims, kind, impl, splits, active, members):
@@ -147,3 +153,18 @@ def test_line_engine_matches_message_engine_with_stragglers(dims, kind, impl, sp
         starts = [rng.choice([0, 0, rng.randint(0, 60_000)]) for _ in members]
         plan = plan_collective(kind, 3 << 20, members, tm.topo, tm.system)
         assert tm._run_lines(plan, members, starts) == tm._run(plan, members, starts)
+
+
+def test_direct_allreduce_on_ring_with_slow_reduction_starts_all_gather_early():
+    """Ring 4, direct: pieces from the two neighbours (1 hop) arrive before the opposite rank's (2 hops);
+    when reducing a piece takes longer than the extra hop, the neighbours' finished reductions release
+    the all-gather before the far piece is reduced: T1 + T2 + 3E + P instead of 2(T2 + E) + E + P
+    (ASTRA-sim's AllToAll algorithm frees one send per finished reduction once all pieces are in)."""
+    d = Dim("Ring", 4, 360.0, 2000.0)
+    S, E = 3_000_000, 10
+    T1, T2 = _T(d, S // 4, 1), _T(d, S // 4, 2)
+    for lmb, P in ((1600.0, 3 * int((S // 4) // 1600.0)), (400.0, 3 * int((S // 4) // 400.0))):
+        tm = _timer([d], all_reduce_impl=["direct"], local_mem_bw_gbps=lmb)
+        got = tm.finish_times(AR, S, list(range(4)), [0] * 4)
+        want = T1 + T2 + 3 * E + P if P + E >= T2 - T1 else 2 * (T2 + E) + E + P
+        assert got == [want] * 4

@@ -15,7 +15,7 @@ from calib.workload import memory
 from calib.workload.flops import model_flops_per_step, narayanan_flops_per_step
 from calib.workload.generate import generate
 from calib.workload.models import resolve_model
-from calib.workload.parallel import ParallelConfig, coords, dp_group, tp_group
+from calib.workload.parallel import ParallelConfig, coords, dp_group, pp_group, tp_group
 from calib.workload.schedule import max_in_flight, stage_schedule
 
 
@@ -55,7 +55,10 @@ def test_activation_memory_matches_korthikanti() -> None:
     }
     for (sp, rc), want in cases.items():
         par = ParallelConfig(tp=t, pp=16, dp=4, sequence_parallel=sp, recompute=rc, global_batch=64)
-        assert memory.layer_activation_bytes(model, par) == pytest.approx(want, rel=1e-12)
+        assert memory.layer_activation_bytes(model, par, dropout=True, softmax_fp32=False) == pytest.approx(want, rel=1e-12)
+    # The measured runs' setting: no dropout masks, fp32 softmax output + bf16 probabilities (6 bytes per score).
+    par = ParallelConfig(tp=t, pp=16, dp=4, sequence_parallel=True, global_batch=64)
+    assert memory.layer_activation_bytes(model, par) == pytest.approx(sbh / t * (32 + 6 * a * s / h), rel=1e-12)
 
 
 def test_model_state_bytes_per_parameter() -> None:
@@ -120,6 +123,8 @@ def test_materialize_rewrites_groups_and_peers() -> None:
     par = ParallelConfig(tp=2, pp=2, dp=4, micro_batch=1, global_batch=8)
     gen = generate(model, par, roofline)
     groups = gen.workload.comm_groups
+    assert sorted(map(sorted, gen.groups["pp"].values())) == sorted(pp_group(r, par) for r in range(8))
+    assert len(groups) == 8 + 4 + 8  # TP groups (DP x PP), DP groups (TP x PP), PP groups (TP x DP)
     for rank in (0, 5, 11, 15):
         tr = gen.materialize(rank)
         assert problems(tr) == []
@@ -136,13 +141,24 @@ def test_materialize_rewrites_groups_and_peers() -> None:
 
 
 def test_recompute_adds_forward_work_to_backward() -> None:
+    from calib.workload import ops as O
+
     model = resolve_model("gpt3-1.3b@L4")
     base = dict(tp=1, pp=1, dp=1, micro_batch=1, global_batch=2)
     t = {rc: generate(model, ParallelConfig(**base, recompute=rc), roofline).stage_compute_s[0]
          for rc in ("none", "selective", "full")}
-    assert t["none"] < t["selective"] < t["full"]
-    fwd_share = (t["full"] - t["none"]) / t["none"]
-    assert 0.2 < fwd_share < 0.4  # a layer's forward is about a third of forward + backward
+    par = ParallelConfig(**base)
+    model_p = O.padded_vocab(model, 1)
+
+    def seconds(items) -> float:
+        ops = [i for i in items if isinstance(i, O.Op)]
+        return float(roofline(pd.DataFrame([o.record() for o in ops])).sum())
+
+    passes = model.layers * par.num_microbatches
+    # full: the whole layer forward again before each layer's backward; selective: the attention core
+    assert t["full"] - t["none"] == pytest.approx(passes * seconds(O.layer_fwd(model_p, par)), rel=1e-5)
+    core = O.attention_core_fwd(O.shapes(model_p, par), "x")
+    assert t["selective"] - t["none"] == pytest.approx(passes * seconds(core), rel=1e-5)  # ns rounding per op
 
 
 def test_data_parallel_gradients_and_distributed_optimizer() -> None:
@@ -215,3 +231,58 @@ def test_compute_durations_come_from_the_kernel_time_function() -> None:
     assert {"op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype"} <= set(one.ops.columns)
     nodes = [n for c in one.workload.classes for n in c.trace.nodes if n.type == NodeType.COMP_NODE]
     assert all(n.duration_micros == round(n.duration_ns / 1000) for n in nodes)
+
+
+def test_gemms_match_a_measured_megatron_core_step(samples) -> None:
+    """The GEMMs the generator emits for the sample's configuration are, shape for shape and count
+    for count, the GEMM kernels of the real profiled megatron-core step (h200x2-mcore-tp2: GPTModel,
+    4 layers, hidden 2048, 16 heads, vocab 32000, TP 2, seq 2048, micro-batch 2, 2 micro-batches)."""
+    from calib.convert import convert_traces
+    from calib.workload import ops as O
+    from calib.workload.models import ModelSpec
+
+    run = samples / "h200x2-mcore-tp2"
+    conv = convert_traces({0: run / "host.0.json.gz"}, {0: run / "device.0.json.gz"})
+    kernels = conv.kernels
+    g = kernels[(kernels["op_class"] == "gemm") & kernels["m"].notna()]
+    measured = Counter(zip(g["aten_op"], g["m"].astype(int), g["n"].astype(int), g["k"].astype(int),
+                           g["batch"].astype(int), strict=True))
+    model = ModelSpec(name="sample", layers=4, hidden=2048, heads=16, seq_length=2048, vocab=32000)
+    par = ParallelConfig(tp=2, micro_batch=2, global_batch=4)
+    sh = O.shapes(model, par)
+    per_mb = (O.layer_fwd(model, par) + O.layer_bwd(model, par)) * model.layers
+    per_mb += O.output_fwd(model, sh) + O.output_bwd(model, sh)
+    generated = Counter()
+    for op in per_mb:
+        if isinstance(op, O.Op) and op.op_class == "gemm":
+            generated[(op.aten_op, op.m, op.n, op.k, op.batch)] += par.num_microbatches
+    assert generated == measured
+    # The TP collectives too: 4 all-reduces of s x b x h per layer and micro-batch, the embedding's
+    # and the output layer's, and the cross entropy's 3 small ones.
+    colls = Counter()
+    for item in per_mb + O.embedding_fwd(model, sh) + O.embedding_bwd(model, sh):
+        if isinstance(item, O.Coll):
+            colls[(item.comm_type.name, item.size_bytes)] += par.num_microbatches
+    kind = {"allreduce": "ALL_REDUCE"}
+    assert colls == Counter((kind[k], int(b)) for k, b in zip(conv.collectives["kind"], conv.collectives["bytes"],
+                                                               strict=True))
+    # Memory-bound kernels of one layer (forward: between two QKV GEMMs; backward: between two QKV
+    # dgrads): the same bytes, once the sample's dropout (p = 0.1; the measured runs use 0) and the
+    # memsets that belong to GEMM launches are left out.
+    k = kernels.sort_values("start_s").reset_index(drop=True)
+    is_mm = (k["aten_op"] == "aten::mm") & (k["op_class"] == "gemm")
+    qkv = k.index[is_mm & (k["n"] == 3072) & (k["k"] == 2048)].tolist()
+    dq = k.index[is_mm & (k["n"] == 2048) & (k["k"] == 3072)].tolist()
+
+    def measured_bytes(lo: int, hi: int) -> float:
+        part = k.loc[lo:hi]
+        keep = (part["op_class"] != "gemm") & ~part["aten_op"].str.contains("dropout") & part["aten_op"].str.len().gt(0)
+        keep &= ~part["aten_op"].isin(["aten::mm", "aten::bmm", "aten::baddbmm"])  # memsets of GEMM launches
+        keep &= ~((part["aten_op"] == "aten::sum") & (part["bytes"] < 1e4))  # tiny bias-grad finalisers
+        return float(part.loc[keep, "bytes"].sum())
+
+    def generated_bytes(items) -> float:
+        return sum(o.bytes for o in items if isinstance(o, O.Op) and o.op_class != "gemm" and "main_grad" not in o.name)
+
+    assert generated_bytes(O.layer_fwd(model, par)) == pytest.approx(measured_bytes(qkv[0] + 1, qkv[1] - 1), rel=1e-3)
+    assert generated_bytes(O.layer_bwd(model, par)) == pytest.approx(measured_bytes(dq[0] + 1, dq[1]), rel=1e-3)

@@ -63,11 +63,12 @@ def register(app: typer.Typer) -> None:
             recompute=recompute, overlap_grad_reduce=overlap_grad_reduce, distributed_optimizer=distributed_optimizer,
             overlap_param_gather=overlap_param_gather,
         )
+        if not do_sweep:
+            par.check(spec, gpus)
         cal = load_calibration_for(calibration, preset.gpu)
         if do_sweep:
             _run_sweep(spec, gpus, par, preset, cal, allow_gpu_mismatch, sweep_max, top, json_out)
             return
-        par.check(spec, gpus)
         result = project(spec, par, preset, cal, backend=backend, astra_sim_bin=astra_sim_bin,
                          allow_gpu_mismatch=allow_gpu_mismatch, emit_astra_sim=emit_astra_sim)
         if plot is not None:

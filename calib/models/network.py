@@ -23,6 +23,7 @@ to the same measurements through the congestion-unaware analytical formulas of A
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -135,34 +136,38 @@ def astra_collective_time_s(
     """
     s = np.asarray(nbytes, dtype=float)
     bp = bandwidth_gbps * 2**30 / 1e9  # bytes per ns
+    c = _astra_coeffs(kind, n, s, impl, endpoint_delay_ns, hops)
+    return (c[:, 0] * latency_ns + c[:, 1] / bp + c[:, 2]) * 1e-9
 
-    def msg(m: np.ndarray) -> np.ndarray:
-        return hops * latency_ns + m / bp
 
-    e = endpoint_delay_ns
-    k = normalize_kind(kind)
-    if k == "sendrecv" or n <= 1:
-        return msg(s) * 1e-9
-    shard = s / n
-    if impl == "ring":
-        steps = {"allreduce": 2 * (n - 1), "reducescatter": n - 1, "allgather": n - 1, "alltoall": n * (n - 1) // 2}
-    elif impl == "direct":
-        steps = {"allreduce": 2, "reducescatter": 1, "allgather": 1, "alltoall": 1}
-    else:
-        raise CalibError(f"ASTRA-sim implementation {impl!r} is not modelled by calib's fit (ring, direct)")
-    if k not in steps:
-        raise CalibError(f"ASTRA-sim does not simulate {kind} as a collective")
-    return (steps[k] * (msg(shard) + e) + e) * 1e-9
+_STEPS = {"ring": lambda n: {"allreduce": 2 * (n - 1), "reducescatter": n - 1, "allgather": n - 1,
+                             "alltoall": n * (n - 1) // 2},
+          "direct": lambda n: {"allreduce": 2, "reducescatter": 1, "allgather": 1, "alltoall": 1}}
 
 
 def _astra_coeffs(kind: str, n: int, s: np.ndarray, impl: str, e: float, hops: int) -> np.ndarray:
-    """Columns (c_lat, c_invbw, c_const) with t_ns = c_lat*latency + c_invbw/Bp + c_const."""
+    """Columns (c_lat, c_invbw, c_const) with t_ns = c_lat*latency + c_invbw/Bp + c_const.
+
+    Per step a message of m bytes costs hops*latency + m/Bp plus the endpoint delay e; ring and
+    direct move S/n per step (all-gather: its shard S/n as a whole chunk), halving-doubling
+    all-reduce moves S/2^i in step i of log2(n), twice (reference/astra-sim.md).
+    """
     k = normalize_kind(kind)
+    s = np.asarray(s, dtype=float)
     if k == "sendrecv" or n <= 1:
         return np.column_stack([np.full_like(s, hops), s, np.zeros_like(s)])
-    steps = {"ring": {"allreduce": 2 * (n - 1), "reducescatter": n - 1, "allgather": n - 1, "alltoall": n * (n - 1) // 2},
-             "direct": {"allreduce": 2, "reducescatter": 1, "allgather": 1, "alltoall": 1}}[impl][k]
-    return np.column_stack([np.full_like(s, steps * hops), steps * s / n, np.full_like(s, steps * e + e)])
+    if impl == "halvingDoubling":
+        lg = int(round(math.log2(n)))
+        if k != "allreduce" or 2**lg != n:
+            raise CalibError(f"ASTRA-sim halvingDoubling is modelled for all-reduce over a power of 2, not {kind} over {n}")
+        return np.column_stack([np.full_like(s, 2 * lg * hops), 2 * s * (1 - 2.0**-lg), np.full_like(s, e + 2 * lg * e)])
+    if impl not in _STEPS:
+        raise CalibError(f"ASTRA-sim implementation {impl!r} is not modelled by calib's fit (ring, direct, halvingDoubling)")
+    steps = _STEPS[impl](n)
+    if k not in steps:
+        raise CalibError(f"ASTRA-sim does not simulate {kind} as a collective")
+    st = steps[k]
+    return np.column_stack([np.full_like(s, st * hops), st * s / n, np.full_like(s, st * e + e)])
 
 
 @dataclass
@@ -201,8 +206,10 @@ def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]]
     if not pts:
         raise CalibError(f"network domain {domain}: no collective ASTRA-sim simulates was measured")
     kinds = sorted({k for k, *_ in pts if k in ASTRA_KINDS})
+    pow2 = all(n > 1 and n & (n - 1) == 0 for k, n, *_ in pts if k == "allreduce")
+    choices = [(*ASTRA_IMPLS, "halvingDoubling") if k == "allreduce" and pow2 else ASTRA_IMPLS for k in kinds]
     best: tuple | None = None
-    for combo in itertools.product(ASTRA_IMPLS, repeat=len(kinds)):
+    for combo in itertools.product(*choices):
         impl = dict(zip(kinds, combo, strict=True))
         rows, ts = [], []
         for k, n, s, t in pts:

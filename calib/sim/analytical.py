@@ -271,7 +271,10 @@ class AnalyticalSimulator:
             pg, members = self._group(tl, node)
             spanned = self._spanned(pg, members)
             if len(spanned) == 1 and tl.index in spanned:  # the group is this class: all start now
-                fin = self.timer.finish_times(kind, size, members, [t] * len(members), group_key=pg)
+                try:
+                    fin = self.timer.finish_times(kind, size, members, [t] * len(members), group_key=pg)
+                except CalibError as exc:
+                    raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}): {exc}") from None
                 finish_at(tl, i, fin[self._position(pg, members, tl.rep)])
                 return
             if tl.rep not in members:
@@ -302,7 +305,10 @@ class AnalyticalSimulator:
             if len(inst.arrivals) == inst.needed:
                 del colls[key]
                 starts = [inst.arrivals[class_of[m]][0] for m in members]
-                fin = self.timer.finish_times(kind, size, members, starts, group_key=pg)
+                try:
+                    fin = self.timer.finish_times(kind, size, members, starts, group_key=pg)
+                except CalibError as exc:
+                    raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}): {exc}") from None
                 where = {m: j for j, m in enumerate(members)}
                 for c, (_, ni) in inst.arrivals.items():
                     ctl = tls[c]

@@ -50,9 +50,12 @@ class Phase:
     dim: int  # network dimension, or GROUP
 
     n: int = 1  # ranks taking part (size of the dimension or of the group)
+    reverse: bool = False  # ring direction: receive from the next position instead of the previous
 
     @property
     def out_size(self) -> int:
+        if self.impl == "doubleBinaryTree":  # always a whole tree all-reduce: the data keeps its size
+            return self.size
         return self.size // self.n if self.kind == RS else self.size * self.n if self.kind == AG else self.size
 
 
@@ -72,10 +75,11 @@ def _impl(system: SystemConfig, kind: str, dim: int) -> str:
     }[kind]
     if not table:
         raise CalibError(f"system configuration has no {kind.lower().replace('_', '-')}-implementation")
-    impl = table[min(dim, len(table) - 1)] if dim >= 0 else table[0]
-    if impl == "doubleBinaryTree" and kind != AR:
-        raise CalibError(f"doubleBinaryTree is an all-reduce algorithm; {kind} cannot use it")
-    return impl
+    if dim == GROUP:
+        # A sub-group is one ring: ASTRA-sim keeps a single listed implementation, but replaces a
+        # multi-dimensional list by ring (its CommunicatorGroup plan).
+        return table[0] if len(table) == 1 else "ring"
+    return table[min(dim, len(table) - 1)]
 
 
 def chunking(kind: str, size: int, total_ranks: int, system: SystemConfig) -> tuple[int, int]:
@@ -83,7 +87,7 @@ def chunking(kind: str, size: int, total_ranks: int, system: SystemConfig) -> tu
     splits = max(1, int(system.preferred_dataset_splits))
     chunk = size // splits
     if kind != AG and chunk < total_ranks:
-        chunk = total_ranks
+        return total_ranks, splits  # ASTRA-sim then also grows the collective to splits x chunk
     chunk = max(chunk, 1)
     return chunk, max(1, math.ceil(size / chunk))
 
@@ -100,9 +104,11 @@ def plan_collective(
     phases: list[Phase] = []
     data = chunk
 
-    def add(k: str, d: int) -> None:
+    def add(k: str, d: int, reverse: bool = False) -> None:
         nonlocal data
-        ph = Phase(k, _impl(system, k, d), data, d, topo.shape[d])
+        # Every phase of a collective takes its algorithm from that collective's own list (the
+        # reduce-scatter and all-gather phases of an all-reduce use the all-reduce list).
+        ph = Phase(k, _impl(system, kind, d), data, d, topo.shape[d], reverse)
         phases.append(ph)
         data = ph.out_size
 
@@ -115,7 +121,7 @@ def plan_collective(
         if dims:
             add(AR, dims[-1])
         for d in reversed(dims[:-1]):
-            add(AG, d)
+            add(AG, d, reverse=True)
     elif kind == RS:
         for d in dims:
             add(RS, d)
@@ -141,7 +147,9 @@ def _dims_configured(system: SystemConfig, kind: str, topo: MultiDimTopology) ->
 
 # --- per-rank programs --------------------------------------------------------------------------
 # An op is ("send", [dst positions], bytes, tag), ("wait", [(src position, tag)], reduce_bytes, bytes),
-# ("delay",) (one endpoint delay) or a final ("exit",): the phase ends now, not one delay later.
+# ("delay",) (one endpoint delay), a final ("exit",): the phase ends now, not one delay later, or
+# ("dar", peers, reduce_bytes, bytes, [all-gather dsts], [all-gather srcs], all-gather reduce_bytes):
+# the rest of a direct all-reduce after its reduce-scatter sends (see `_interpret`).
 
 
 def _tree_links(n: int) -> list[tuple[int, list[int]]]:
@@ -200,11 +208,13 @@ def program(ph: Phase, pos: int, n: int, chunk_index: int) -> list[tuple]:
             raise CalibError(f"halvingDoubling needs a power-of-two number of ranks, got {n}")
         if ph.kind == A2A:
             raise CalibError("halvingDoubling has no all-to-all; use ring or direct")
-        if ph.kind in (AR, RS):  # halving: reduce-scatter (the first exchange is not charged a reduction)
+        if ph.kind in (AR, RS):  # halving: reduce-scatter
             for i in range(1, k + 1):
                 peer = pos ^ (1 << (i - 1))
                 ops.append(("send", [peer], m >> i, ("rs", i)))
-                ops.append(("wait", [(peer, ("rs", i))], (m >> i) if i >= 2 else 0, m >> i))
+                # ASTRA-sim charges the reduction of each received half to the packet it sends
+                # next (m / 2^(i+1)); the last exchange's reduction is not charged.
+                ops.append(("wait", [(peer, ("rs", i))], (m >> (i + 1)) if i < k else 0, m >> i))
         if ph.kind in (AR, AG):  # doubling: all-gather (of the whole n-fold result for AG)
             top = m if ph.kind == AR else m * n
             for i in range(k, 0, -1):
@@ -219,8 +229,13 @@ def program(ph: Phase, pos: int, n: int, chunk_index: int) -> list[tuple]:
             # Over a sub-group ring ASTRA-sim budgets (n-1)^2 reducing packets instead of n-1, so for
             # n >= 3 the all-gather half is reduced too (seen as one extra P in cg_halves_direct_fc8).
             again = part if ph.dim == GROUP and (n - 1) ** 2 >= 2 * (n - 1) else 0
-            steps = [(part, part), (part, again)]
-        elif ph.kind == RS:
+            # Each received reduce-scatter piece is reduced on its own; once every piece has arrived,
+            # each finished reduction releases one all-gather message, to the peers in ring order.
+            ops.append(("send", peers, part, "rs"))
+            ops.append(("dar", peers, part, part, [(pos + k) % n for k in range(1, n)],
+                        [(pos - k) % n for k in range(1, n)], again))
+            return ops
+        if ph.kind == RS:
             steps = [(part, part)]
         elif ph.kind == AG:
             steps = [(m, 0)]
@@ -231,7 +246,8 @@ def program(ph: Phase, pos: int, n: int, chunk_index: int) -> list[tuple]:
             ops.append(("wait", [(q, s) for q in peers], red, size))
         return ops
     # ring
-    succ, pred = (pos + 1) % n, (pos - 1) % n
+    step = -1 if ph.reverse else 1
+    succ, pred = (pos + step) % n, (pos - step) % n
     if ph.kind == AR:
         steps = [(m // n, True)] * (n - 1) + [(m // n, False)] * (n - 1)
     elif ph.kind == RS:
@@ -257,6 +273,8 @@ class CollectiveTimer:
         self._cache: dict[tuple, list[int]] = {}
         self._prog_cache: dict[tuple, list[tuple]] = {}
         self._msg_cache: dict[tuple[int, int, int], int] = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._trees_built: dict[tuple[str, int], int] = {}  # (kind, dim) -> tree phases built so far
 
     def reduce_ns(self, nbytes: int) -> int:
         if nbytes <= 0 or self.mem_bytes_per_ns <= 0:
@@ -271,19 +289,44 @@ class CollectiveTimer:
         `group_key` names the member list for the cache (e.g. the pg id); None: the list itself."""
         t0 = min(starts)
         rel = tuple(s - t0 for s in starts)
-        key = (kind, size, tuple(members) if group_key is None else group_key, rel)
+        gkey = tuple(members) if group_key is None else group_key
+        plan = self._plans.get((kind, size, gkey))
+        if plan is None:
+            plan = self._plans[(kind, size, gkey)] = plan_collective(kind, size, members, self.topo, self.system)
+        trees = self._tree_parities(kind, plan)
+        key = (kind, size, gkey, rel, tuple(sorted(trees.items())))
         hit = self._cache.get(key)
         if hit is None:
-            plan = plan_collective(kind, size, members, self.topo, self.system)
             if not plan.phases:
                 hit = [r + 1 for r in rel]
             elif not any(rel) and self._symmetric(plan, members):
                 one = self._run(plan, members, list(rel), only=members[0])
                 hit = [one[0]] * len(members)
             else:
-                hit = self._run_lines(plan, members, list(rel))
+                hit = self._run_lines(plan, members, list(rel), trees)
             self._cache[key] = hit
         return [t0 + h for h in hit]
+
+    def _tree_parities(self, kind: str, plan: Plan) -> dict[tuple[int, int], int]:
+        """Which of the two trees each (chunk, phase) of a double-binary-tree plan uses.
+
+        ASTRA-sim keeps one tree pair per dimension and alternates it every time it builds a phase
+        on it, across collectives: the k-th tree phase on a dimension (counting all earlier
+        collectives of the same type) uses the RootMax tree when k is even, its mirror when odd."""
+        out: dict[tuple[int, int], int] = {}
+        for p, ph in enumerate(plan.phases):
+            if ph.impl == "doubleBinaryTree" and ph.dim != GROUP:
+                for c in range(plan.chunks):
+                    out[(c, p)] = 0
+        if not out:
+            return out
+        for c in range(plan.chunks):
+            for p, ph in enumerate(plan.phases):
+                if (c, p) in out:
+                    k = self._trees_built.get((kind, ph.dim), 0)
+                    out[(c, p)] = k % 2
+                    self._trees_built[(kind, ph.dim)] = k + 1
+        return out
 
     # -- internals --------------------------------------------------------------------------------
     def _line(self, ph: Phase, members: list[int], rank: int, where: dict[int, int]) -> tuple[list[int], int]:
@@ -294,7 +337,7 @@ class CollectiveTimer:
     def _symmetric(self, plan: Plan, members: list[int]) -> bool:
         """True when every rank's program sees the same link times (one rank answers for all)."""
         for ph in plan.phases:
-            if ph.impl == "doubleBinaryTree":
+            if ph.impl == "doubleBinaryTree" or (ph.impl == "direct" and ph.kind == AR):
                 return False
             if ph.dim == GROUP:
                 n = len(members)
@@ -353,6 +396,8 @@ class CollectiveTimer:
                 if op[0] == "exit":
                     push(st[1], "done", r, c, p)
                     return
+                if op[0] == "dar":  # never on this path: _symmetric sends direct all-reduce to _run_lines
+                    raise CalibError("direct all-reduce needs the line engine (internal)")
                 if op[0] == "send":
                     _, dsts, _nbytes, tag = op
                     st[2][tag] = st[1]
@@ -429,7 +474,9 @@ class CollectiveTimer:
             t = self._msg_cache[key] = self.topo.message_ns(src, dst, size)
         return t
 
-    def _run_lines(self, plan: Plan, members: list[int], rel: list[int]) -> list[int]:
+    def _run_lines(
+        self, plan: Plan, members: list[int], rel: list[int], trees: dict[tuple[int, int], int] | None = None
+    ) -> list[int]:
         """Chunks through per-rank dimension servers, event by event; a phase is computed for a
         whole line (the ranks that run it together) once all of them have started it. That is
         causal: every algorithm here makes each rank's finish wait for every line member's data."""
@@ -465,7 +512,9 @@ class CollectiveTimer:
             got[pos] = t
             if len(got) == len(line):
                 del started[(c, p, base)]
-                fin = self._line_finish(ph, line, [got[i] for i in range(len(line))], E, c)
+                # a tree phase takes its tree from `trees`; other programs ignore the index
+                which = trees.get((c, p), c) if trees else c
+                fin = self._line_finish(ph, line, [got[i] for i in range(len(line))], E, which)
                 for i, f in enumerate(fin):
                     push(f, line[i], c, p, True)
 
@@ -495,22 +544,28 @@ class CollectiveTimer:
                     done_at[r] = t
             serve(r, d, t)
         if len(done_at) != len(members):
-            raise CalibError(f"collective over {len(members)} ranks did not complete on every rank (internal)")
+            raise CalibError(
+                f"{plan.phases[0].kind} over {len(members)} ranks deadlocks in its chunk pipeline: its members start "
+                f"at different times and their chunks wait for each other on the dimension queues "
+                f"(active-chunks-per-dimension {cap}); ASTRA-sim hangs on it the same way"
+            )
         return [done_at[r] for r in members]
 
     def _line_finish(self, ph: Phase, line: list[int], starts: list[int], E: int, chunk: int) -> list[int]:
         """Finish time of every position of one phase run together by `line`, given their starts."""
         n = len(line)
-        if ph.impl in ("ring", "direct"):
+        if ph.impl == "ring" or (ph.impl == "direct" and ph.kind != AR):
             steps = [(op[2], op[3]) for op in self._prog(ph, 0, n, chunk) if op[0] == "wait"]
             s = np.asarray(starts, dtype=np.int64)
             if ph.impl == "ring":
                 links: dict[int, np.ndarray] = {}
+                step = -1 if ph.reverse else 1
                 for red, size in steps:
                     T = links.get(size)
                     if T is None:
-                        T = links[size] = np.array([self._msg_ns(line[i - 1], line[i], size) for i in range(n)], dtype=np.int64)
-                    s = np.maximum(s, np.roll(s, 1) + T) + (E + self.reduce_ns(red))
+                        T = np.array([self._msg_ns(line[(i - step) % n], line[i], size) for i in range(n)], dtype=np.int64)
+                        links[size] = T
+                    s = np.maximum(s, np.roll(s, step) + T) + (E + self.reduce_ns(red))
             else:
                 never = np.iinfo(np.int64).min // 4
                 mats: dict[int, np.ndarray] = {}
@@ -532,6 +587,7 @@ class CollectiveTimer:
         fin: list[int | None] = [None] * n
         sent: dict[tuple, int] = {}
         waiting: dict[tuple, int] = {}
+        dar: dict[int, dict] = {}
         todo = list(range(n))
         while todo:
             i = todo.pop()
@@ -552,6 +608,9 @@ class CollectiveTimer:
                         w = waiting.pop((i, dq, op[3]), None)
                         if w is not None:
                             todo.append(w)
+                elif op[0] == "dar":
+                    if not self._direct_allreduce(i, op, line, clock, dar, sent, waiting, todo, E):
+                        break  # blocked on a message; resumed when it is sent
                 else:
                     arrive = clock[i]
                     for sq, tag in op[1]:
@@ -569,3 +628,54 @@ class CollectiveTimer:
         if any(f is None for f in fin):
             raise CalibError(f"{ph.impl} {ph.kind} over {n} ranks did not complete (internal)")
         return [int(f) for f in fin]  # type: ignore[arg-type]
+
+    def _direct_allreduce(self, i: int, op: tuple, line: list[int], clock: list[int], dar: dict, sent: dict,
+                          waiting: dict, todo: list, E: int) -> bool:
+        """Direct all-reduce after its reduce-scatter sends, as ASTRA-sim's AllToAll algorithm runs it.
+
+        Every received piece is reduced on its own; each finished reduction, and later each
+        finished all-gather receive, frees one send slot. The all-gather may start once every
+        reduce-scatter piece has arrived (g: the first reduction finished no earlier than the last
+        arrival); its k-th message (to the k-th peer in ring order) leaves at max(g, the k-th freed
+        slot). The rank is done when the last slot is freed. With equal link times this is
+        max(arrivals) + E + P for every message; on a Ring, a reduction slower than the farthest
+        peer's extra hops lets the near peers' pieces start the all-gather early.
+        Returns False when blocked on a message (`waiting` says which), True when done."""
+        _, peers, red_rs, size, ag_dsts, ag_srcs, red_ag = op
+        st = dar.get(i)
+        if st is None:
+            arrivals = []
+            for q in peers:
+                t = sent.get((q, i, "rs"))
+                if t is None:
+                    waiting[(q, i, "rs")] = i
+                    return False
+                arrivals.append(max(clock[i], t + self._msg_ns(line[q], line[i], size)))
+            last = max(arrivals)
+            p_rs = self.reduce_ns(red_rs)
+            freed = sorted(t + E + p_rs for t in arrivals)
+            st = dar[i] = {"freed": freed, "g": min(t for t in freed if t >= last), "sends": [], "ag": []}
+        p_ag = self.reduce_ns(red_ag)
+        n_ag = len(ag_dsts)
+        while len(st["ag"]) < n_ag:
+            k = len(st["sends"]) + 1  # next all-gather message, needs every receive j < k known
+            while len(st["ag"]) < min(k - 1, n_ag):
+                j = len(st["ag"]) + 1
+                src = ag_srcs[j - 1]
+                t = sent.get((src, i, ("ag", j)))
+                if t is None:
+                    waiting[(src, i, ("ag", j))] = i
+                    return False
+                arrive = t + self._msg_ns(line[src], line[i], size)
+                st["ag"].append(max(st["sends"][j - 1], arrive) + E + p_ag)
+            if k > n_ag:
+                continue
+            when = max(st["g"], sorted(st["freed"] + st["ag"])[k - 1])
+            st["sends"].append(when)
+            dst = ag_dsts[k - 1]
+            sent[(i, dst, ("ag", k))] = when
+            w = waiting.pop((i, dst, ("ag", k)), None)
+            if w is not None:
+                todo.append(w)
+        clock[i] = max(st["freed"] + st["ag"])
+        return True

@@ -62,7 +62,7 @@ class GeneratedStep:
     model: ModelSpec
     par: ParallelConfig
     workload: SimWorkload
-    ops: pd.DataFrame  # unique op records of the step with `time_s` (kernel model) and `count` per stage 0 step
+    ops: pd.DataFrame  # the unique op records of the step (OpRecord fields, name) with `time_s` from kernel_time
     model_flops: float
     hardware_flops: float
     stage_compute_s: list[float] = field(default_factory=list)  # all compute nodes, per pipeline stage
@@ -78,17 +78,19 @@ class GeneratedStep:
 
 
 class Groups:
-    """Deterministic group ids for every TP, DP, EP and expert-DP group (only groups of size > 1)."""
+    """Deterministic group ids for every TP, DP, EP, expert-DP and PP group (only groups of size > 1;
+    pipeline transfers are send/recv, so the PP groups are listed for completeness, not used)."""
 
     def __init__(self, par: ParallelConfig) -> None:
         self.par = par
         p = par
-        self.sizes = {"tp": p.tp, "dp": p.dp, "ep": p.ep, "edp": p.dp // p.ep}
-        counts = {"tp": p.dp * p.pp, "dp": p.tp * p.pp, "ep": p.tp * p.pp * (p.dp // p.ep), "edp": p.tp * p.pp * p.ep}
+        self.sizes = {"tp": p.tp, "dp": p.dp, "ep": p.ep, "edp": p.dp // p.ep, "pp": p.pp}
+        counts = {"tp": p.dp * p.pp, "dp": p.tp * p.pp, "ep": p.tp * p.pp * (p.dp // p.ep), "edp": p.tp * p.pp * p.ep,
+                  "pp": p.tp * p.dp}
         self.base: dict[str, int] = {}
         nxt = 1
-        for kind in ("tp", "dp", "ep", "edp"):
-            if self.sizes[kind] > 1:
+        for kind in ("tp", "dp", "ep", "edp", "pp"):
+            if self.sizes[kind] > 1 and (kind != "edp" or p.ep > 1):  # without EP experts reduce over DP
                 self.base[kind] = nxt
                 nxt += counts[kind]
 
@@ -101,6 +103,8 @@ class Groups:
             return t + p.tp * s
         if kind == "ep":
             return t + p.tp * (d // p.ep + (p.dp // p.ep) * s)
+        if kind == "pp":
+            return t + p.tp * d
         return t + p.tp * (d % p.ep + p.ep * s)  # edp
 
     def gid(self, kind: str, rank: int) -> int:
@@ -116,6 +120,8 @@ class Groups:
         if kind == "ep":
             first = d - d % p.ep
             return [rank_of(t, first + x, s, p) for x in range(p.ep)]
+        if kind == "pp":
+            return [rank_of(t, d, x, p) for x in range(p.pp)]
         return [rank_of(t, x, s, p) for x in range(d % p.ep, p.dp, p.ep)]
 
     def all_groups(self) -> dict[str, dict[int, list[int]]]:
@@ -311,14 +317,17 @@ class _StepContext:
         expert_layer = mats * model.hidden * model.ffn_hidden * model.experts if model.is_moe else 0
         self.dense_layer = (model.layer_params() - expert_layer) / par.tp
         self.expert_layer = expert_layer / (par.tp * par.ep)
-        self.emb_params = pmodel.embedding_params() / par.tp
+        # The word embedding is split by TP (vocab-parallel); learned positions are replicated.
+        self.emb_params = pmodel.vocab * model.hidden / par.tp + (pmodel.embedding_params() - pmodel.vocab * model.hidden)
         self.out_params = pmodel.vocab * model.hidden / par.tp + model.hidden * (1 if model.norm == "rmsnorm" else 2)
         self.bucket_params = max(MIN_BUCKET_PARAMS, 1_000_000 * par.dp)
         self.act_p2p = sh.act_bytes // (par.tp if par.sequence_parallel else 1)
-        self.optimizer = {p: O.optimizer_op(self._optimizer_params(p), par.dtype) for p in range(par.pp)}
+        for p in range(par.pp):
+            local, shard = self._optimizer_params(p)
+            templates[f"optimizer{p}"] = O.optimizer_ops(local, shard, par.dtype)
 
         ops = [it for items in templates.values() for it in items if isinstance(it, O.Op)]
-        unique = list(dict.fromkeys(ops + list(self.optimizer.values())))
+        unique = list(dict.fromkeys(ops))
         table = pd.DataFrame([o.record() for o in unique])
         seconds = np.asarray(kernel_time(table), dtype=float)
         if seconds.shape != (len(unique),) or not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
@@ -329,15 +338,16 @@ class _StepContext:
         self.table = table
         self.compiled = {k: _compile(v, self.durations) for k, v in templates.items()}
 
-    def _optimizer_params(self, stage: int) -> float:
+    def _optimizer_params(self, stage: int) -> tuple[float, float]:
+        """(parameters on one GPU of `stage`, the part its optimizer updates)."""
         par = self.par
         n = self.layers_per_chunk * par.vpp
         dense = self.dense_layer * n + (self.emb_params if stage == 0 else 0.0)
         dense += self.out_params if stage == par.pp - 1 else 0.0
         expert = self.expert_layer * n
         if par.distributed_optimizer:
-            return dense / par.dp + expert / max(par.dp // par.ep, 1)
-        return dense + expert
+            return dense + expert, dense / par.dp + expert / max(par.dp // par.ep, 1)
+        return dense + expert, dense + expert
 
     def rep(self, stage: int) -> int:
         return rank_of(0, 0, stage % self.par.pp, self.par)
@@ -377,9 +387,7 @@ class _Stage:
                 for bk in self.buckets[c]:
                     self._grad_reduce(bk, asynchronous=False)
         b.wait_all()
-        opt = self.ctx.optimizer[self.p]
-        d = self.ctx.durations[opt]
-        b.compute(f"optimizer.stage{self.p}", Segment(opt.name, d, opt.flops, opt.bytes, opt.op_class, d))
+        self._replay(self.ctx.compiled[f"optimizer{self.p}"], f"stage{self.p}")
         if par.distributed_optimizer and not par.overlap_param_gather:
             for c in range(par.vpp):
                 for bk in reversed(self.buckets[c]):
@@ -422,6 +430,8 @@ class _Stage:
 
     def _grad_reduce(self, bk: Bucket, asynchronous: bool) -> None:
         lids, dense, expert = bk
+        if self.par.ep == 1:  # experts replicated like dense weights: one reduction over DP
+            dense, expert = dense + expert, 0.0
         kind = CommType.REDUCE_SCATTER if self.par.distributed_optimizer else CommType.ALL_REDUCE
         for group, params in (("dp", dense), ("edp", expert)):
             if params > 0 and group in self.gids:
@@ -433,6 +443,8 @@ class _Stage:
 
     def _param_gather(self, bk: Bucket, asynchronous: bool) -> list[str]:
         lids, dense, expert = bk
+        if self.par.ep == 1:  # experts replicated like dense weights: one reduction over DP
+            dense, expert = dense + expert, 0.0
         keys = []
         for group, params in (("dp", dense), ("edp", expert)):
             if params > 0 and group in self.gids:

@@ -9,8 +9,11 @@ Activations per transformer layer and micro-batch follow Korthikanti et al. 2022
 Activation Recomputation in Large Transformer Models", section 4): s b h (34 + 5 a s / h) bytes
 without parallelism, with the tensor-parallel and sequence-parallel divisions of its eqs. 2-5; the
 term counts are written out per tensor so that grouped-query attention (smaller K/V), SwiGLU (two
-fc1 outputs) and a non-4h MLP change them as they should; selective recomputation drops the
-5 a s^2 b term, full recomputation keeps only the layer input (2 s b h / t with SP). The stage that
+fc1 outputs) and a non-4h MLP change them as they should, and so that the measured runs' setting
+(no dropout, softmax in fp32: 6 a s^2 b instead of 5) is what is counted by default; selective
+recomputation drops the a s^2 b term, full recomputation keeps only the layer input (2 s b h / t
+with SP). Check against a measurement (reference/gpu-machines.md): 8 pipeline stages of one
+Llama-3-8B layer at sequence 4096 peaked at 42 GiB on the first stage. The stage that
 holds the most micro-batches in flight (stage 0 under 1F1B: PP of them) is the peak.
 """
 
@@ -65,7 +68,7 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     dense = layers * dense_layer / par.tp
     expert = layers * expert_layer / (par.tp * par.ep)
     if stage == 0:
-        dense += model.embedding_params() / par.tp
+        dense += model.vocab * h / par.tp + (model.embedding_params() - model.vocab * h)  # positions replicated
     if stage == par.pp - 1:
         if not model.tied_embeddings or par.pp > 1:
             dense += model.vocab * h / par.tp
@@ -73,8 +76,15 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     return dense, expert
 
 
-def layer_activation_bytes(model: ModelSpec, par: ParallelConfig) -> float:
-    """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti et al. 2022)."""
+def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool = False,
+                           softmax_fp32: bool = True) -> float:
+    """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti et al. 2022).
+
+    `dropout=True, softmax_fp32=False` is the paper's setting (its 34 s b h + 5 a s^2 b). The
+    defaults are megatron-core's local layer as the measured runs were configured (measure/mcore.py):
+    no dropout, so no dropout masks; the softmax computed in fp32 keeps its fp32 output (4 bytes per
+    score) besides the bf16 probabilities that the attention x V product saves (2 bytes).
+    """
     s, b, h, a = model.seq_length, par.micro_batch, model.hidden, model.heads
     t = par.tp
     sp = par.sequence_parallel
@@ -86,12 +96,15 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     if par.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
     # Tensors replicated across TP ranks unless sequence parallel: the two norm inputs (2 x 2sbh),
-    # QKV input 2sbh, fc1 input 2sbh, two dropout masks sbh each.
-    replicated = (4 + 2 + 2 + 2) * sbh
+    # QKV input 2sbh, fc1 input 2sbh, and with dropout its two masks (sbh each).
+    replicated = (4 + 2 + 2 + (2 if dropout else 0)) * sbh
     # Tensors split by TP: Q (2sbh), K and V (2 s b kv each), attention-output projection input (2sbh),
     # fc1 output 2 s b f1 and fc2 input 2 s b f (per routed token for MoE).
     split = 2 * sbh + 4 * s * b * kv + 2 * sbh + (2 * s * b * f1 + 2 * s * b * f) * k
-    scores = 5.0 * a * s * s * b  # softmax output (2), dropout mask (1), dropped output (2)
+    # Per score: softmax output (2, or 4 in fp32), with dropout its mask (1) and output (2), else the
+    # bf16 copy the attention x V product saves (2, only when the softmax ran in fp32).
+    per_score = (4 if softmax_fp32 else 2) + (3 if dropout else (2 if softmax_fp32 else 0))
+    scores = per_score * a * s * s * b
     if par.recompute == "selective":
         scores = 0.0
     return replicated / (t if sp else 1) + (split + scores) / t

@@ -1,14 +1,22 @@
 """What one transformer layer (and the embedding, output layer and optimizer) runs, as templates.
 
 A template is the ordered list of one pass's work on one GPU: compute ops (the OpRecord fields of
-calib.ops: op_class, m, n, k, batch, flops, bytes, dtype, aten_op) and collectives. Shapes are those
-of megatron-core's local (non Transformer-Engine) layer, the one the measured runs used: the
-linear layers run as `aten::mm` on [tokens, in] x [in, out] (m = tokens, n = out, k = in); attention
-is core attention as `aten::baddbmm` / `aten::bmm` over b x heads/TP matrices with the s x s scores,
-a fused softmax and dropout in between. Tensor parallelism follows Shoeybi et al. 2019 (column-
-then row-parallel linears, one all-reduce per block in each direction) and sequence parallelism
-Korthikanti et al. 2022 (all-gather before and reduce-scatter after each block; in backward the
-layer input is gathered again for the weight gradient).
+calib.ops: op_class, m, n, k, batch, flops, bytes, dtype, aten_op) and collectives. The ops are
+those of megatron-core's local layer (no Transformer Engine, no Apex) as the measured runs were
+configured (measure/mcore.py: dropout 0, biases only without SwiGLU, softmax in fp32), kernel by
+kernel as a profiled megatron-core step shows them (../shared/samples/h200x2-mcore-tp2):
+- linear layers: `aten::mm` of [tokens, in] x [in, out] (m = tokens, n = out, k = in); backward
+  dgrad (tokens, in, out) and wgrad (out, in, tokens) as the weight is stored [out, in];
+- core attention: `baddbmm` Q K^T over b x heads/TP, the scores copied to fp32, a causal mask
+  built (fill_, triu, copy_) and applied (masked_fill_), softmax, copied back to bf16, `bmm` with V,
+  the context made contiguous; backward mirrors it (softmax backward is a mul and a
+  _softmax_backward_data in fp32; Q and K gradients scaled; Q/K/V gradients concatenated);
+- memory-op bytes follow calib.ops: every input tensor plus the output (an in-place op counts its
+  tensor twice);
+- megatron's DDP adds each parameter's gradient into its fp32 main_grad after its backward.
+Tensor parallelism follows Shoeybi et al. 2019 (column- then row-parallel linears, one all-reduce per
+block in each direction) and sequence parallelism Korthikanti et al. 2022 (all-gather before and
+reduce-scatter after each block; in backward the layer input is gathered again for the wgrad).
 """
 
 from __future__ import annotations
@@ -105,6 +113,9 @@ class Shapes:
     sp: bool
     e: int  # bytes per element
     dtype: str
+    bias: bool  # linear layers have biases (megatron add_bias_linear; the measured runs: not with SwiGLU)
+    gqa: bool  # K/V heads are repeated to the query heads (grouped-query attention)
+    rope: bool
 
     @property
     def tokens(self) -> int:
@@ -119,6 +130,16 @@ class Shapes:
     def act_bytes(self) -> int:
         return self.tokens * self.h * self.e
 
+    @property
+    def qkv(self) -> int:
+        """Local width of the fused QKV projection."""
+        return self.heads * self.d + 2 * self.kv
+
+    @property
+    def scores(self) -> int:
+        """Elements of the local attention scores: b x heads/TP x s x s."""
+        return self.b * self.heads * self.s * self.s
+
 
 def shapes(model: ModelSpec, par: ParallelConfig) -> Shapes:
     t = par.tp
@@ -127,14 +148,32 @@ def shapes(model: ModelSpec, par: ParallelConfig) -> Shapes:
         s=model.seq_length, b=par.micro_batch, h=model.hidden, heads=model.heads // t,
         kv=model.kv_groups * model.head_dim // t, d=model.head_dim, f=f,
         f1=2 * f if model.activation == "swiglu" else f, t=t, sp=par.sequence_parallel,
-        e=DTYPE_BYTES[par.dtype], dtype=par.dtype,
+        e=DTYPE_BYTES[par.dtype], dtype=par.dtype, bias=model.activation != "swiglu",
+        gqa=model.kv_groups < model.heads, rope=model.position == "rope",
     )
 
 
-def _norm(name: str, model: ModelSpec, sh: Shapes, backward: bool = False) -> Op:
-    aten = "aten::native_layer_norm" if model.norm == "layernorm" else "aten::rms_norm"
+def _norm(name: str, model: ModelSpec, sh: Shapes, backward: bool = False) -> list[Op]:
+    """A norm over the local tokens; its backward runs two kernels (input and weight gradients)."""
+    aten = "aten::native_layer_norm" if model.norm == "layernorm" else "aten::_fused_rms_norm"
     n = sh.local_tokens * sh.h
-    return memop(name, (3 if backward else 2) * n * sh.e, sh.dtype, aten + ("_backward" if backward else ""), 5.0 * n)
+    if not backward:
+        return [memop(name, 2 * n * sh.e, sh.dtype, aten, 5.0 * n)]
+    return [memop(f"{name}.dx", 3 * n * sh.e, sh.dtype, aten + "_backward", 5.0 * n),
+            memop(f"{name}.dw", 3 * n * sh.e, sh.dtype, aten + "_backward", 2.0 * n)]
+
+
+def _bias(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
+    return [memop(name, 2 * tokens * width * sh.e, sh.dtype, "aten::add", tokens * width)] if sh.bias else []
+
+
+def _bias_grad(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
+    return [memop(name, tokens * width * sh.e, sh.dtype, "aten::sum", tokens * width)] if sh.bias else []
+
+
+def _residual(name: str, sh: Shapes, backward: bool = False) -> Op:
+    n = sh.local_tokens * sh.h
+    return memop(name, 3 * n * sh.e, sh.dtype, "aten::add_" if backward else "aten::add", n)
 
 
 def _enter_block(name: str, sh: Shapes) -> list[Item]:
@@ -152,38 +191,73 @@ def _leave_block(name: str, sh: Shapes) -> list[Item]:
     return [Coll(name, kind, sh.act_bytes, "tp")]
 
 
+def _rope(tag: str, sh: Shapes) -> list[Op]:
+    """megatron's unfused rotary embedding on Q and K: t*cos + rotate_half(t)*sin, rotate_half =
+    cat(-x2, x1), then cat with the (empty) pass-through part."""
+    out: list[Op] = []
+    for which, heads in (("q", sh.heads), ("k", sh.kv // sh.d)):
+        x = sh.tokens * heads * sh.d * sh.e
+        n = x // sh.e
+        out += [memop(f"{tag}.{which}.cos", 2 * x, sh.dtype, "aten::mul", n),
+                memop(f"{tag}.{which}.neg", x, sh.dtype, "aten::neg", n / 2),
+                memop(f"{tag}.{which}.rotate", 2 * x, sh.dtype, "aten::cat"),
+                memop(f"{tag}.{which}.sin", 2 * x, sh.dtype, "aten::mul", n),
+                memop(f"{tag}.{which}.add", 3 * x, sh.dtype, "aten::add", n),
+                memop(f"{tag}.{which}.cat", 2 * x, sh.dtype, "aten::cat")]
+    return out
+
+
+def _gqa_expand(tag: str, sh: Shapes, backward: bool = False) -> list[Op]:
+    """K and V repeated from kv_groups to the query heads (repeat_interleave; backward sums them)."""
+    if not sh.gqa:
+        return []
+    b = sh.tokens * (sh.kv + sh.heads * sh.d) * sh.e  # one of K, V: kv_groups/TP heads in, heads/TP out
+    aten = "aten::sum" if backward else "aten::repeat_interleave"
+    return [memop(f"{tag}.{w}", b, sh.dtype, aten) for w in ("k", "v")]
+
+
 def attention_core_fwd(sh: Shapes, tag: str) -> list[Item]:
-    bh = sh.b * sh.heads
-    scores = bh * sh.s * sh.s
+    bh, S2, ss = sh.b * sh.heads, sh.scores, sh.s * sh.s
     return [
         gemm(f"{tag}.qk", sh.s, sh.s, sh.d, sh.dtype, bh, "aten::baddbmm"),
-        memop(f"{tag}.softmax_dropout", 3 * scores * sh.e + scores, sh.dtype, "aten::_softmax", 5.0 * scores),
+        memop(f"{tag}.to_fp32", 10 * S2, "fp32", "aten::copy_"),
+        memop(f"{tag}.mask.fill", 8 * ss, "fp32", "aten::fill_"),
+        memop(f"{tag}.mask.triu", 8 * ss, "fp32", "aten::triu"),
+        memop(f"{tag}.mask.bool", 6 * ss, "fp32", "aten::copy_"),
+        memop(f"{tag}.masked_fill", 8 * S2 + ss, "fp32", "aten::masked_fill_"),
+        memop(f"{tag}.softmax", 8 * S2, "fp32", "aten::_softmax", 5.0 * S2),
+        memop(f"{tag}.to_bf16", 8 * S2, sh.dtype, "aten::copy_"),
         gemm(f"{tag}.av", sh.s, sh.d, sh.s, sh.dtype, bh, "aten::bmm"),
+        memop(f"{tag}.context", 3 * sh.tokens * sh.heads * sh.d * sh.e, sh.dtype, "aten::copy_"),
     ]
 
 
 def attention_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     T = sh.tokens
-    items: list[Item] = [_norm("attn.norm", model, sh)]
+    items: list[Item] = [*_norm("attn.norm", model, sh)]
     items += _enter_block("attn.ag", sh)
-    items.append(gemm("attn.qkv", T, sh.heads * sh.d + 2 * sh.kv, sh.h, sh.dtype))
-    if model.position == "rope":
-        n = T * (sh.heads * sh.d + sh.kv)
-        items.append(memop("attn.rope", 2 * n * sh.e, sh.dtype, "aten::mul", 3.0 * n))
+    items.append(gemm("attn.qkv", T, sh.qkv, sh.h, sh.dtype))
+    items += _bias("attn.qkv.bias", T, sh.qkv, sh)
+    if sh.rope:
+        items += _rope("attn.rope", sh)
+    items += _gqa_expand("attn.gqa", sh)
     items += attention_core_fwd(sh, "attn")
     items.append(gemm("attn.proj", T, sh.h, sh.heads * sh.d, sh.dtype))
     items += _leave_block("attn.tp", sh)
-    n = sh.local_tokens * sh.h
-    items.append(memop("attn.residual", 3 * n * sh.e + n, sh.dtype, "aten::add", 2.0 * n))
+    items += _bias("attn.proj.bias", sh.local_tokens, sh.h, sh)
+    items.append(_residual("attn.residual", sh))
     return items
 
 
 def _mlp_body_fwd(model: ModelSpec, sh: Shapes, tokens: int, tag: str) -> list[Item]:
     items: list[Item] = [gemm(f"{tag}.fc1", tokens, sh.f1, sh.h, sh.dtype)]
+    items += _bias(f"{tag}.fc1.bias", tokens, sh.f1, sh)
     n = tokens * sh.f
-    act_bytes = (3 if model.activation == "swiglu" else 2) * n * sh.e
-    aten = "aten::silu" if model.activation == "swiglu" else "aten::gelu"
-    items.append(memop(f"{tag}.act", act_bytes, sh.dtype, aten, 8.0 * n))
+    if model.activation == "swiglu":
+        items += [memop(f"{tag}.silu", 2 * n * sh.e, sh.dtype, "aten::silu", 4.0 * n),
+                  memop(f"{tag}.gate", 3 * n * sh.e, sh.dtype, "aten::mul", n)]
+    else:
+        items.append(memop(f"{tag}.gelu", 2 * n * sh.e, sh.dtype, "aten::gelu", 8.0 * n))
     items.append(gemm(f"{tag}.fc2", tokens, sh.h, sh.f, sh.dtype))
     return items
 
@@ -196,15 +270,23 @@ def moe_tokens(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> tuple[int, 
     return routed, max(per_expert, 1) if local_experts else 0
 
 
+def _router(model: ModelSpec, sh: Shapes) -> list[Op]:
+    n = sh.local_tokens * model.experts
+    return [gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype),
+            memop("moe.router.softmax", 8 * n, "fp32", "aten::_softmax", 5.0 * n),
+            memop("moe.router.topk", 4 * n + 12 * sh.local_tokens * model.top_k, "fp32", "aten::topk")]
+
+
 def mlp_fwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
-    items: list[Item] = [_norm("mlp.norm", model, sh)]
+    items: list[Item] = [*_norm("mlp.norm", model, sh)]
     if not model.is_moe:
         items += _enter_block("mlp.ag", sh)
         items += _mlp_body_fwd(model, sh, sh.tokens, "mlp")
         items += _leave_block("mlp.tp", sh)
+        items += _bias("mlp.fc2.bias", sh.local_tokens, sh.h, sh)
     else:
         routed, per_expert = moe_tokens(model, par, sh)
-        items.append(gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype))
+        items += _router(model, sh)
         items.append(memop("moe.permute", 2 * routed * sh.h * sh.e, sh.dtype, "aten::index_select"))
         if par.ep > 1:
             items.append(Coll("moe.dispatch", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
@@ -217,8 +299,7 @@ def mlp_fwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
         if par.ep > 1:
             items.append(Coll("moe.combine", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
         items.append(memop("moe.unpermute", 3 * routed * sh.h * sh.e, sh.dtype, "aten::index_add"))
-    n = sh.local_tokens * sh.h
-    items.append(memop("mlp.residual", 3 * n * sh.e + n, sh.dtype, "aten::add", 2.0 * n))
+    items.append(_residual("mlp.residual", sh))
     return items
 
 
@@ -232,7 +313,8 @@ def layer_fwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
 
 def _linear_bwd(tag: str, m: int, n: int, k: int, sh: Shapes, grad_comm: Coll | None,
                 regather: Coll | None = None) -> list[Item]:
-    """Backward of y[m,n] = x[m,k] W[k,n]: input gradient (dgrad) then weight gradient (wgrad).
+    """Backward of y[m,n] = x[m,k] W^T (W stored [n,k]): input gradient (dgrad, m x k x n) then
+    weight gradient (wgrad, n x k x m).
 
     Megatron starts the input-gradient collective asynchronously right after dgrad so that it
     overlaps wgrad; with SP the layer input is all-gathered again (also overlapped) for wgrad."""
@@ -244,7 +326,7 @@ def _linear_bwd(tag: str, m: int, n: int, k: int, sh: Shapes, grad_comm: Coll | 
         items.append(grad_comm)
     if regather is not None:
         items.append(Wait(regather.name))
-    items.append(gemm(f"{tag}.wgrad", k, n, m, sh.dtype))
+    items.append(gemm(f"{tag}.wgrad", n, k, m, sh.dtype))
     if grad_comm is not None:
         items.append(Wait(grad_comm.name))
     return items
@@ -272,33 +354,41 @@ def _regather(name: str, sh: Shapes) -> Coll | None:
 
 
 def attention_core_bwd(sh: Shapes, tag: str) -> list[Item]:
-    bh = sh.b * sh.heads
-    scores = bh * sh.s * sh.s
+    bh, S2, ss = sh.b * sh.heads, sh.scores, sh.s * sh.s
+    q = sh.tokens * sh.heads * sh.d
     return [
-        gemm(f"{tag}.av.dgrad_a", sh.s, sh.s, sh.d, sh.dtype, bh, "aten::bmm"),
         gemm(f"{tag}.av.dgrad_v", sh.s, sh.d, sh.s, sh.dtype, bh, "aten::bmm"),
-        memop(f"{tag}.softmax_dropout.bwd", 4 * scores * sh.e + scores, sh.dtype, "aten::_softmax_backward_data",
-              4.0 * scores),
+        gemm(f"{tag}.av.dgrad_probs", sh.s, sh.s, sh.d, sh.dtype, bh, "aten::bmm"),
+        memop(f"{tag}.to_fp32.bwd", 10 * S2, "fp32", "aten::copy_"),
+        memop(f"{tag}.softmax.bwd.mul", 12 * S2, "fp32", "aten::mul", S2),
+        memop(f"{tag}.softmax.bwd", 12 * S2, "fp32", "aten::_softmax_backward_data", 3.0 * S2),
+        memop(f"{tag}.masked_fill.bwd.copy", 4 * S2, "fp32", "aten::copy_"),
+        memop(f"{tag}.masked_fill.bwd", 8 * S2 + ss, "fp32", "aten::masked_fill_"),
+        memop(f"{tag}.to_bf16.bwd", 8 * S2, sh.dtype, "aten::copy_"),
         gemm(f"{tag}.qk.dgrad_q", sh.s, sh.d, sh.s, sh.dtype, bh, "aten::bmm"),
-        gemm(f"{tag}.qk.dgrad_k", sh.s, sh.d, sh.s, sh.dtype, bh, "aten::bmm"),
+        memop(f"{tag}.qk.scale_q", 2 * q * sh.e, sh.dtype, "aten::mul", q),
+        gemm(f"{tag}.qk.dgrad_k", sh.d, sh.s, sh.s, sh.dtype, bh, "aten::bmm"),
+        memop(f"{tag}.qk.scale_k", 2 * q * sh.e, sh.dtype, "aten::mul", q),
     ]
 
 
 def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
     T = sh.tokens
-    n = sh.local_tokens * sh.h
-    items: list[Item] = [memop("attn.residual.bwd", 2 * n * sh.e + n, sh.dtype, "aten::mul", n)]
-    items += _grad_in_block("attn.tp.bwd", sh)
+    items: list[Item] = list(_grad_in_block("attn.tp.bwd", sh))
+    items += _bias_grad("attn.proj.bias.bwd", sh.local_tokens, sh.h, sh)
     items += _linear_bwd("attn.proj", T, sh.h, sh.heads * sh.d, sh, None)
-    if par.recompute == "selective":
-        items += [op for op in attention_core_fwd(sh, "attn.recompute")]
+    if par.recompute == "selective":  # megatron's selective recomputation: the core attention forward
+        items += attention_core_fwd(sh, "attn.recompute")
     items += attention_core_bwd(sh, "attn")
-    if model.position == "rope":
-        r = T * (sh.heads * sh.d + sh.kv)
-        items.append(memop("attn.rope.bwd", 2 * r * sh.e, sh.dtype, "aten::mul", 3.0 * r))
-    items += _linear_bwd("attn.qkv", T, sh.heads * sh.d + 2 * sh.kv, sh.h, sh,
-                         _grad_out_block("attn.ag.bwd", sh), _regather("attn.ag.again", sh))
-    items.append(_norm("attn.norm.bwd", model, sh, backward=True))
+    items += _gqa_expand("attn.gqa.bwd", sh, backward=True)
+    if sh.rope:
+        items += _rope("attn.rope.bwd", sh)
+    items.append(memop("attn.qkv.cat", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::cat"))
+    items += _bias_grad("attn.qkv.bias.bwd", T, sh.qkv, sh)
+    items += _linear_bwd("attn.qkv", T, sh.qkv, sh.h, sh, _grad_out_block("attn.ag.bwd", sh),
+                         _regather("attn.ag.again", sh))
+    items += _norm("attn.norm.bwd", model, sh, backward=True)
+    items.append(_residual("attn.residual.bwd", sh, backward=True))
     return items
 
 
@@ -306,18 +396,23 @@ def _mlp_body_bwd(model: ModelSpec, sh: Shapes, tokens: int, tag: str, grad_comm
                   regather: Coll | None) -> list[Item]:
     items = _linear_bwd(f"{tag}.fc2", tokens, sh.h, sh.f, sh, None)
     n = tokens * sh.f
-    act_bytes = (5 if model.activation == "swiglu" else 3) * n * sh.e
-    aten = "aten::silu_backward" if model.activation == "swiglu" else "aten::gelu_backward"
-    items.append(memop(f"{tag}.act.bwd", act_bytes, sh.dtype, aten, 10.0 * n))
+    if model.activation == "swiglu":
+        items += [memop(f"{tag}.gate.bwd.a", 3 * n * sh.e, sh.dtype, "aten::mul", n),
+                  memop(f"{tag}.gate.bwd.b", 3 * n * sh.e, sh.dtype, "aten::mul", n),
+                  memop(f"{tag}.silu.bwd", 3 * n * sh.e, sh.dtype, "aten::silu_backward", 6.0 * n),
+                  memop(f"{tag}.chunk.bwd", 4 * n * sh.e, sh.dtype, "aten::cat")]
+    else:
+        items.append(memop(f"{tag}.gelu.bwd", 3 * n * sh.e, sh.dtype, "aten::gelu_backward", 10.0 * n))
+    items += _bias_grad(f"{tag}.fc1.bias.bwd", tokens, sh.f1, sh)
     items += _linear_bwd(f"{tag}.fc1", tokens, sh.f1, sh.h, sh, grad_comm, regather)
     return items
 
 
 def mlp_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
-    n = sh.local_tokens * sh.h
-    items: list[Item] = [memop("mlp.residual.bwd", 2 * n * sh.e + n, sh.dtype, "aten::mul", n)]
+    items: list[Item] = []
     if not model.is_moe:
         items += _grad_in_block("mlp.tp.bwd", sh)
+        items += _bias_grad("mlp.fc2.bias.bwd", sh.local_tokens, sh.h, sh)
         items += _mlp_body_bwd(model, sh, sh.tokens, "mlp", _grad_out_block("mlp.ag.bwd", sh),
                                _regather("mlp.ag.again", sh))
     else:
@@ -334,9 +429,33 @@ def mlp_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
         if par.ep > 1:
             items.append(Coll("moe.dispatch.bwd", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
         items.append(memop("moe.permute.bwd", 3 * routed * sh.h * sh.e, sh.dtype, "aten::index_add"))
+        n = sh.local_tokens * model.experts
+        items.append(memop("moe.router.softmax.bwd", 12 * n, "fp32", "aten::_softmax_backward_data", 3.0 * n))
         items += _linear_bwd("moe.router", sh.local_tokens, model.experts, sh.h, sh, None)
-    items.append(_norm("mlp.norm.bwd", model, sh, backward=True))
+    items += _norm("mlp.norm.bwd", model, sh, backward=True)
+    items.append(_residual("mlp.residual.bwd", sh, backward=True))
     return items
+
+
+def layer_param_tensors(model: ModelSpec, par: ParallelConfig) -> list[int]:
+    """Elements of each parameter tensor of one layer on one GPU (TP and EP shards)."""
+    sh = shapes(model, par)
+    norm = [sh.h] * (2 if model.norm == "layernorm" else 1)
+    out = norm + [sh.qkv * sh.h] + ([sh.qkv] if sh.bias else []) + [sh.h * sh.heads * sh.d]
+    out += [sh.h] if sh.bias else []
+    out += norm
+    mlp = [sh.f1 * sh.h] + ([sh.f1] if sh.bias else []) + [sh.h * sh.f] + ([sh.h] if sh.bias else [])
+    if model.is_moe:
+        out += [model.experts * sh.h] + mlp * (model.experts // par.ep)
+    else:
+        out += mlp
+    return out
+
+
+def main_grad_accumulation(tensors: list[int], tag: str, dtype: str) -> list[Op]:
+    """megatron DDP: param.main_grad (fp32) += param.grad after each parameter's backward."""
+    e = DTYPE_BYTES[dtype]
+    return [memop(f"{tag}.main_grad{i}", n * (4 + e + 4), "fp32", "aten::add_", n) for i, n in enumerate(tensors)]
 
 
 def layer_bwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
@@ -345,7 +464,8 @@ def layer_bwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
     pre: list[Item] = []
     if par.recompute == "full":
         pre = [_renamed(i, "recompute.") for i in layer_fwd(model, par)]
-    return pre + mlp_bwd(model, par, sh) + attention_bwd(model, par, sh)
+    grads = main_grad_accumulation(layer_param_tensors(model, par), "layer", par.dtype)
+    return pre + mlp_bwd(model, par, sh) + attention_bwd(model, par, sh) + grads
 
 
 def _renamed(item: Item, prefix: str) -> Item:
@@ -361,28 +481,49 @@ def _renamed(item: Item, prefix: str) -> Item:
 
 
 def embedding_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
-    """Vocab-parallel embedding: each TP rank looks up its vocabulary slice, then the partial
-    embeddings are summed (all-reduce, or reduce-scatter into sequence shards with SP)."""
-    items: list[Item] = [memop("embedding.lookup", 2 * sh.act_bytes, sh.dtype, "aten::embedding")]
+    """Vocab-parallel embedding: each TP rank looks up its vocabulary slice (out-of-slice tokens
+    masked), then the partial embeddings are summed (all-reduce, or reduce-scatter into sequence
+    shards with SP); learned positions are added and the result transposed to [s, b, h]."""
+    x = sh.act_bytes
+    items: list[Item] = [
+        memop("embedding.lookup", x + model.vocab // sh.t * sh.h * sh.e + 8 * sh.tokens, sh.dtype, "aten::embedding"),
+        memop("embedding.mask", 2 * x, sh.dtype, "aten::masked_fill_"),
+    ]
     items += _leave_block("embedding.tp", sh)
+    if model.position == "learned":
+        items.append(memop("embedding.position", x + model.seq_length * sh.h * sh.e, sh.dtype, "aten::embedding"))
+        items.append(memop("embedding.add", 3 * x // (sh.t if sh.sp else 1), sh.dtype, "aten::add"))
+    items.append(memop("embedding.transpose", 2 * x // (sh.t if sh.sp else 1), sh.dtype, "aten::copy_"))
     return items
 
 
 def embedding_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     items: list[Item] = list(_grad_in_block("embedding.tp.bwd", sh))
-    items.append(memop("embedding.grad", 3 * sh.act_bytes, sh.dtype, "aten::embedding_dense_backward"))
+    table = model.vocab // sh.t * sh.h * sh.e
+    items.append(memop("embedding.grad", 2 * sh.act_bytes + 2 * table, sh.dtype, "aten::embedding_dense_backward"))
+    tensors = [model.vocab // sh.t * sh.h] + ([model.seq_length * sh.h] if model.position == "learned" else [])
+    items += main_grad_accumulation(tensors, "embedding", sh.dtype)
     return items
 
 
 def output_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
-    """Final norm, vocab-parallel output GEMM and vocab-parallel cross entropy (3 all-reduces of
-    one fp32 value per token: max logit, sum of exponentials, target logit)."""
+    """Final norm, vocab-parallel output GEMM and megatron's vocab-parallel cross entropy in fp32
+    (logits copied to fp32, max, subtract, exp, sum, divide; 3 all-reduces of one fp32 value per
+    token over TP: max logit, sum of exponentials, target logit)."""
     T = sh.tokens
     v = model.vocab // sh.t
-    items: list[Item] = [_norm("final.norm", model, sh)]
+    n = T * v
+    items: list[Item] = [*_norm("final.norm", model, sh)]
     items += _enter_block("output.ag", sh)
     items.append(gemm("output.logits", T, v, sh.h, sh.dtype))
-    items.append(memop("loss.cross_entropy", 3 * T * v * 4, "fp32", "aten::_log_softmax", 5.0 * T * v))
+    items += [
+        memop("loss.to_fp32", n * (sh.e + 8), "fp32", "aten::copy_"),
+        memop("loss.max", 4 * n, "fp32", "aten::max", n),
+        memop("loss.sub", 8 * n, "fp32", "aten::sub_", n),
+        memop("loss.exp", 12 * n, "fp32", "aten::exp", n),
+        memop("loss.sum", 4 * n, "fp32", "aten::sum", n),
+        memop("loss.div", 8 * n, "fp32", "aten::div_", n),
+    ]
     if sh.t > 1:
         items += [Coll(f"loss.tp{i}", CommType.ALL_REDUCE, T * 4, "tp") for i in range(3)]
     return items
@@ -391,16 +532,37 @@ def output_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
 def output_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     T = sh.tokens
     v = model.vocab // sh.t
-    items: list[Item] = [memop("loss.cross_entropy.bwd", 2 * T * v * 4 + T * v * sh.e, "fp32",
-                               "aten::_log_softmax_backward_data", 3.0 * T * v)]
+    n = T * v
+    items: list[Item] = [
+        memop("loss.grad.index_put", 8 * n, "fp32", "aten::_index_put_impl_"),
+        memop("loss.grad.scale", 8 * n, "fp32", "aten::mul_", n),
+        memop("loss.grad.to_bf16", n * (4 + 2 * sh.e), sh.dtype, "aten::copy_"),
+    ]
     items += _linear_bwd("output.logits", T, v, sh.h, sh, _grad_out_block("output.ag.bwd", sh),
                          _regather("output.ag.again", sh))
-    items.append(_norm("final.norm.bwd", model, sh, backward=True))
+    items += _norm("final.norm.bwd", model, sh, backward=True)
+    tensors = [v * sh.h] + [sh.h] * (2 if model.norm == "layernorm" else 1)
+    items += main_grad_accumulation(tensors, "output", sh.dtype)
     return items
 
 
-def optimizer_op(params: float, dtype: str) -> Op:
-    """Adam with fp32 master weights: reads grad, master, exp_avg, exp_avg_sq (4 x 4 B), writes the
-    three fp32 states and the low-precision weight copy."""
-    write_low = DTYPE_BYTES[dtype] if dtype != "fp32" else 0
-    return memop("optimizer.adam", params * (16 + 12 + write_low), "fp32", "aten::_fused_adam_", 10.0 * params)
+# Bytes per parameter of torch's foreach Adam(W) on fp32 master weights, kernel by kernel as the
+# profiled sample runs them (with bf16 tensors there; doubled for fp32): weight decay mul_, exp_avg
+# lerp_, exp_avg_sq mul_ and addcmul_, sqrt, div_ and add_ of the denominator, addcdiv_ of the update.
+ADAM_FOREACH = (("mul_", 8), ("lerp_", 16), ("mul_", 8), ("addcmul_", 24), ("sqrt", 16), ("div_", 8), ("add_", 8),
+                ("addcdiv_", 24))
+
+
+def optimizer_ops(local_params: float, shard_params: float, dtype: str) -> list[Op]:
+    """One optimizer step of megatron's mixed-precision optimizer on one GPU: zero the fp32 grad
+    buffer (all local parameters), gradient norm for clipping, Adam on the fp32 master weights of
+    this GPU's shard (all local parameters, or 1/DP with the distributed optimizer), and the copy
+    of the updated master weights into the bf16 model weights."""
+    e = DTYPE_BYTES[dtype]
+    ops = [memop("optimizer.zero_grad", 8 * local_params, "fp32", "aten::fill_"),
+           memop("optimizer.grad_norm", 4 * shard_params, "fp32", "aten::_foreach_norm", 2.0 * shard_params)]
+    ops += [memop(f"optimizer.adam.{i}.{name}", b * shard_params, "fp32", f"aten::_foreach_{name}", shard_params)
+            for i, (name, b) in enumerate(ADAM_FOREACH)]
+    if dtype != "fp32":
+        ops.append(memop("optimizer.copy_to_model", (4 + 2 * e) * shard_params, dtype, "aten::copy_"))
+    return ops
