@@ -98,7 +98,9 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
         keep &= pd.to_numeric(df["time_s"], errors="coerce") > 0
         df = df[keep]
         if not df.empty:
-            frames.append(df.assign(bundle=b.id))
+            # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
+            # that floor apart from the profiled steps' (back-to-back kernels).
+            frames.append(df.assign(bundle=b.id, source="bench" if b.manifest.kind == "kernels" else "trace"))
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
 
@@ -119,7 +121,8 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
     # movement the classifier could name) are predicted by a measured median and reported apart.
     fl = np.nan_to_num(pd.to_numeric(shapes["flops"], errors="coerce").to_numpy(float), nan=0.0)
     by = np.nan_to_num(pd.to_numeric(shapes["bytes"], errors="coerce").to_numpy(float), nan=0.0)
-    has_work = (fl > 0) | (by > 0)
+    multi = shapes["aten_op"].astype(str).str.startswith("aten::_foreach_").to_numpy()
+    has_work = ((fl > 0) | (by > 0)) & ~multi
     ok = np.isfinite(pred) & has_work
     method = f"{len(folds)}-fold over distinct shapes"
     errors["kernel"] = error_stat(pred[ok], t[ok], method)
@@ -135,9 +138,15 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
         sel = ok & (classes == c)
         if sel.any():
             errors[f"kernel.{c}"] = error_stat(pred[sel], t[sel], method)
+    src = shapes["source"].astype(str).to_numpy() if "source" in shapes.columns else np.full(n, "trace")
+    for name, what in (("trace", "profiled training steps"), ("bench", "kernel microbenchmarks")):
+        sel = ok & (src == name)
+        if sel.any() and not sel.all():
+            errors[f"kernel.{name}"] = error_stat(pred[sel], t[sel], f"{method}, {what} only")
     nowork = np.isfinite(pred) & ~has_work
     if nowork.any():
-        errors["kernel.no_work_ops"] = error_stat(pred[nowork], t[nowork], method + ", ops without FLOPs or bytes")
+        errors["kernel.no_work_ops"] = error_stat(
+            pred[nowork], t[nowork], method + ", ops timed by a measured median (no FLOPs/bytes, or _foreach_ chunks)")
     # Extrapolation: per class, the largest 20% of shapes by work predicted from the rest.
     work = np.where(np.isin(classes, ("gemm", "attention")), pd.to_numeric(shapes["flops"], errors="coerce"),
                     pd.to_numeric(shapes["bytes"], errors="coerce"))
@@ -322,18 +331,23 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
 # ---- power -----------------------------------------------------------------------------------
 
 
-def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None) -> tuple[PowerModel | None, dict[str, ErrorStat], list[str]]:
+def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
+              ) -> tuple[PowerModel | None, dict[str, ErrorStat], list[str], list[str]]:
+    """(model or None, errors, bundle ids used, bundles skipped with why)."""
     points: list[PowerPoint] = []
     idle: list[float] = []
     used: list[str] = []
+    skipped: list[str] = []
     for b in bundles:
-        p, i = power_points(b)
+        p, i, why = power_points(b)
         if p:
             used.append(b.id)
+        if why:
+            skipped.append(why)
         points += p
         idle += i
     if not points:
-        return None, {}, used
+        return None, {}, used, skipped
     max_clock = peaks.max_sm_clock_hz if peaks else float("nan")
     model = PowerModel.fit(points, idle, max_clock)
     configs = [p.config for p in points]
@@ -357,7 +371,7 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None) -> tuple[PowerM
     else:
         pred_a = np.array([sum(model.energy_j(p.step_time_s, p.shares) for p in points)])
         errors["power.energy_per_step"] = error_stat(pred_a, meas, "in-sample (only one configuration has telemetry)")
-    return model, errors, used
+    return model, errors, used, skipped
 
 
 # ---- everything ------------------------------------------------------------------------------
@@ -419,9 +433,11 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     else:
         prov["network"] = "not calibrated: no collectives in the bundles"
 
-    pmodel, perr, pused = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
+    pmodel, perr, pused, pskipped = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
     if pmodel is not None:
         cal.power = pmodel.to_dict()
+        if pskipped:
+            cal.power["skipped"] = pskipped
         cal.errors.update(perr)
         ids = ", ".join(pused)
         prov["power.power_by_activity_w"] = f"calibrated: {ids}"

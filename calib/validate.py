@@ -294,8 +294,10 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
     if not result.step_time_s > 0:
         return _run_error(b, REPLAY, ms, None, note="replay simulated a zero step: the ETs hold no GPU work",
                           breakdown_measured_s=breakdowns[b.id])
+    note = (f"{run.uneven_all_to_all} uneven all-to-all(s) replayed at the largest rank's size"
+            if run.uneven_all_to_all else "")
     return _run_error(b, REPLAY, ms, result.step_time_s, breakdown_measured_s=breakdowns[b.id],
-                      breakdown_predicted_s=_mean_busy_s(result))
+                      breakdown_predicted_s=_mean_busy_s(result), note=note)
 
 
 def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdowns: dict,

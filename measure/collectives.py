@@ -15,7 +15,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -41,6 +43,27 @@ def _elements(kind: str, n: int, nbytes: int, elem: int) -> int:
     """Elements of the per-rank buffer for a point sized by nccl-tests' convention (divisible by n)."""
     total = max(nbytes // elem, n)
     return total - total % n
+
+
+def _make_op(dist: Any, torch: Any, kind: str, n: int, count: int, dtype: Any, dev: Any, group: Any,
+             rank: int) -> Callable[[], object]:
+    """One collective call over fresh buffers of `count` elements (nccl-tests sizing)."""
+    if kind == "all_gather":
+        inp = torch.ones(count // n, dtype=dtype, device=dev)
+        outp = torch.empty(count, dtype=dtype, device=dev)
+        return lambda: dist.all_gather_into_tensor(outp, inp, group=group)
+    if kind == "reduce_scatter":
+        inp = torch.ones(count, dtype=dtype, device=dev)
+        outp = torch.empty(count // n, dtype=dtype, device=dev)
+        return lambda: dist.reduce_scatter_tensor(outp, inp, group=group)
+    if kind == "all_to_all":
+        inp = torch.ones(count, dtype=dtype, device=dev)
+        outp = torch.empty(count, dtype=dtype, device=dev)
+        return lambda: dist.all_to_all_single(outp, inp, group=group)
+    buf = torch.ones(count, dtype=dtype, device=dev)
+    if kind == "send_recv":
+        return (lambda: dist.send(buf, 1)) if rank == 0 else (lambda: dist.recv(buf, 0))
+    return lambda: dist.all_reduce(buf, group=group)
 
 
 def _bench(args: dict) -> None:
@@ -88,24 +111,7 @@ def _bench(args: dict) -> None:
             for nbytes in args["sizes"]:
                 count = _elements(kind, n, nbytes, elem)
                 if member:
-                    if kind == "all_gather":
-                        inp = torch.ones(count // n, dtype=dtype, device=dev)
-                        outp = torch.empty(count, dtype=dtype, device=dev)
-                        op = lambda: dist.all_gather_into_tensor(outp, inp, group=group)  # noqa: E731
-                    elif kind == "reduce_scatter":
-                        inp = torch.ones(count, dtype=dtype, device=dev)
-                        outp = torch.empty(count // n, dtype=dtype, device=dev)
-                        op = lambda: dist.reduce_scatter_tensor(outp, inp, group=group)  # noqa: E731
-                    elif kind == "all_to_all":
-                        inp = torch.ones(count, dtype=dtype, device=dev)
-                        outp = torch.empty(count, dtype=dtype, device=dev)
-                        op = lambda: dist.all_to_all_single(outp, inp, group=group)  # noqa: E731
-                    elif kind == "send_recv":
-                        buf = torch.ones(count, dtype=dtype, device=dev)
-                        op = (lambda: dist.send(buf, 1)) if rank == 0 else (lambda: dist.recv(buf, 0))
-                    else:
-                        buf = torch.ones(count, dtype=dtype, device=dev)
-                        op = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                    op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
                     times = []
                     for i in range(args["warmup"] + args["repeats"]):
                         dist.barrier(group=group)

@@ -11,18 +11,23 @@ from __future__ import annotations
 import math
 
 from calib import units
+from calib.errors import CalibError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
 def bus_factor(kind: str, n: int) -> float:
-    if n < 1:
+    """nccl-tests' busbw/algbw factor; NaN for a kind with no convention (gather, scatter, ...).
+
+    The factors themselves live in calib.models.network (one place); this only maps kinds it does
+    not know to NaN rather than an error, since a training step may hold any collective.
+    """
+    from calib.models.network import bus_factor as factor
+
+    try:
+        return factor(kind, n)
+    except CalibError:
         return math.nan
-    if kind == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 def bandwidths_gbps(kind: str, n: int, nbytes: float, time_s: float) -> tuple[float, float]:

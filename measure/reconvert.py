@@ -42,3 +42,26 @@ def reconvert(path: str | Path, drop_raw: bool = False) -> str:
     os.replace(tmp, src)
     shutil.rmtree(old, ignore_errors=True)
     return f"converted: {src} ({notes['et']})"
+
+
+def refresh_bandwidths(path: str | Path) -> int:
+    """Recompute the derived algbw/busbw columns of a bundle's collectives.parquet from its own
+    kind, group_size, bytes and time columns (after a fix to the convention code); measured
+    columns are left as they are. Returns the number of rows."""
+    import pandas as pd
+
+    from measure.conventions import bandwidths_gbps
+
+    file = Path(path) / "collectives.parquet"
+    df = pd.read_parquet(file)
+    kind = read_bundle(path).manifest.kind
+    time_col = "time_s" if kind == "collectives" else "transfer_s"
+    bw = [bandwidths_gbps(str(k), int(n), float(b), float(t)) if pd.notna(n) and pd.notna(b) and pd.notna(t)
+          else (float("nan"), float("nan"))
+          for k, n, b, t in zip(df["kind"], df["group_size"], df["bytes"], df[time_col], strict=True)]
+    df["algbw_gbps"] = [a for a, _ in bw]
+    df["busbw_gbps"] = [b for _, b in bw]
+    tmp = file.with_name(file.name + ".tmp")
+    df.to_parquet(tmp, index=False, compression="zstd")
+    os.replace(tmp, file)
+    return len(df)

@@ -9,6 +9,7 @@ rank.N.error.json with a one-line reason (an out-of-memory error says so).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -105,10 +106,8 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
         _stage(rank, "profiled step done", t0)
         prof.export_chrome_trace(str(out / f"device.{rank}.json"))
         _stage(rank, "Kineto trace written", t0)
-        try:
+        with contextlib.suppress(Exception):  # already stopped by profile() on some torch versions
             et.unregister_callback()
-        except Exception:  # noqa: BLE001 - already stopped by profile() on some torch versions
-            pass
     memory = {"rank": rank, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0}
     if cuda:
         memory["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())

@@ -262,3 +262,21 @@ def load_bundles_real(root: Path) -> list:
     from calib.bundle import load_bundles
 
     return [b for b in load_bundles([root]) if is_real_gpu(b)]
+
+
+def test_uneven_all_to_all_is_replayed_at_the_largest_size() -> None:
+    from calib.validation.replay import even_all_to_all
+
+    def a2a(nid: int, size: int, pg: str = "5") -> Node:
+        return Node(nid, "a2a", NodeType.COMM_COLL_NODE, attrs=[
+            Attr("comm_type", int(CommType.ALL_TO_ALL)), Attr("comm_size", size), Attr("pg_name", pg)])
+
+    def ar(nid: int, size: int) -> Node:
+        return Node(nid, "ar", NodeType.COMM_COLL_NODE, attrs=[
+            Attr("comm_type", int(CommType.ALL_REDUCE)), Attr("comm_size", size), Attr("pg_name", "5")])
+
+    t0 = ExecutionTrace(nodes=[a2a(1, 100), ar(2, 64), a2a(3, 10)])
+    t1 = ExecutionTrace(nodes=[a2a(7, 300), ar(8, 64), a2a(9, 10)])
+    assert even_all_to_all({0: t0, 1: t1}) == 1
+    assert [n.attr("comm_size") for n in t0.nodes] == [300, 64, 10]
+    assert [n.attr("comm_size") for n in t1.nodes] == [300, 64, 10]

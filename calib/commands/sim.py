@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
         help=(
             "Simulate per-rank Chakra ETs like ASTRA-sim's analytical binary and print its "
-            "'sys[i] finished, T cycles, exposed communication X cycles.' lines (1 cycle = 1 ns). "
+            "'sys\\[i] finished, T cycles, exposed communication X cycles.' lines (1 cycle = 1 ns). "
             "Example: calib sim --workload-configuration=wl --system-configuration=system.json "
             "--network-configuration=network.yml --remote-memory-configuration=memory.json"
         ),

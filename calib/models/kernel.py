@@ -30,7 +30,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calib.errors import CalibError
-from calib.models.common import choose_knots, hinge_basis, ridge_fit
+from calib.models.common import choose_knots, hinge_basis
 from calib.models.peaks import GpuPeaks, normalize_dtype
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
@@ -38,10 +38,39 @@ COMPUTE_CLASSES = ("gemm", "attention")
 # A class with no measured kernels of its own is predicted with the model of a related class.
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
 OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
-SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype"]
+# `source` is "bench" for kernel-microbenchmark rows and "trace" (or absent) for profiled steps.
+SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source"]
 
 
 _GEMM_FAMILY = {"addmm": "mm", "linear": "mm", "matmul": "mm", "baddbmm": "bmm", "addbmm": "bmm"}
+
+
+def _joint_fit(a: np.ndarray, idx: np.ndarray, n_ops: int, g: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares of g on [curve basis | one column per op family], the op columns penalized by
+    OFFSET_PRIOR (an op seen n times keeps about n/(n + OFFSET_PRIOR) of its own mean residual)."""
+    onehot = np.zeros((len(g), n_ops))
+    onehot[np.arange(len(g)), idx] = 1.0
+    full = np.column_stack([a, onehot])
+    pen = np.concatenate([[0.0], np.full(a.shape[1] - 1, alpha), np.full(n_ops, OFFSET_PRIOR)])
+    sol = np.linalg.solve(full.T @ full + np.diag(pen), full.T @ g)
+    return sol[: a.shape[1]], sol[a.shape[1]:]
+
+
+RANGE_SLACK = 0.15  # decades of work a curve is trusted beyond its measured range
+
+
+def _by_range(chain: list[dict], x: np.ndarray, rows: np.ndarray) -> list[tuple[dict, np.ndarray]]:
+    """Assign each row to the most specific curve whose measured work range covers it (with
+    RANGE_SLACK); rows outside every range go to the curve measured furthest toward them, so a
+    per-op curve fitted on small kernels never extrapolates its efficiency to large ones."""
+    lo = np.array([g["knots"][0] for g in chain])
+    hi = np.array([g["knots"][-1] for g in chain])
+    inside = (x[:, None] >= lo[None, :] - RANGE_SLACK) & (x[:, None] <= hi[None, :] + RANGE_SLACK)
+    first = np.where(inside.any(axis=1), inside.argmax(axis=1), -1)
+    above = x > hi.max()
+    first[(first < 0) & above] = int(hi.argmax())
+    first[first < 0] = int(lo.argmin())
+    return [(chain[i], rows[first == i]) for i in np.unique(first)]
 
 
 def op_family(aten_op: str) -> str:
@@ -72,11 +101,15 @@ class KernelModel(BaseEstimator, RegressorMixin):
         max_segments: int = 4,
         min_points: int = 8,
         alpha: float = 1e-3,
+        split_dtypes: bool = False,
+        split_ops: bool = True,
     ) -> None:
         self.peaks = peaks
         self.max_segments = max_segments
         self.min_points = min_points
         self.alpha = alpha
+        self.split_dtypes = split_dtypes
+        self.split_ops = split_ops
 
     # ---- features ------------------------------------------------------------------------
     def _features(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -94,7 +127,13 @@ class KernelModel(BaseEstimator, RegressorMixin):
             x = np.where(work > 0, np.log10(np.maximum(work, 1.0)), np.nan)
             z = np.where((flops > 0) & (nbytes > 0), np.log10(np.maximum(flops, 1.0) / np.maximum(nbytes, 1.0)), 0.0)
         aten = np.array([op_family(a) for a in _str_col(X, "aten_op")], dtype=object)
-        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten}
+        # Multi-tensor-apply ops (torch's _foreach_*) launch one kernel per fixed-size chunk of their
+        # tensor list: a kernel's time does not follow the op's bytes, so they are timed per kernel
+        # by their measured median (as ops without work are).
+        multi = np.array([a.startswith("foreach_") for a in aten], dtype=bool)
+        x = np.where(multi, np.nan, x)
+        bench = _str_col(X, "source") == "bench"
+        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "bench": bench}
 
     # ---- fitting -------------------------------------------------------------------------
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> KernelModel:
@@ -115,8 +154,19 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 for dt in sorted(set(f["dtypes"][sel].tolist())):
                     sub = sel & (f["dtypes"] == dt)
                     # A dtype gets its own curve only when it has enough points and is not the whole class.
-                    if self.min_points <= sub.sum() < sel.sum():
+                    if self.split_dtypes and dt and self.min_points <= sub.sum() < sel.sum():
                         self.groups_[f"{cls}/{dt}"] = self._fit_group(f, y, sub, cls)
+                if self.split_ops:
+                    # An op family measured at enough distinct sizes gets its own curve: elementwise,
+                    # softmax, copies and fused multi-tensor ops scale differently with bytes.
+                    for op in sorted(set(f["aten"][sel].tolist()) - {""}):
+                        sub = sel & (f["aten"] == op)
+                        if sub.sum() >= self.min_points and sub.sum() < sel.sum():
+                            self.groups_[f"{cls}:{op}"] = self._fit_group(f, y, sub, cls)
+                            for dt in sorted(set(f["dtypes"][sub].tolist())):
+                                sd = sub & (f["dtypes"] == dt)
+                                if sd.sum() >= self.min_points and sd.sum() < sub.sum():
+                                    self.groups_[f"{cls}:{op}/{dt}"] = self._fit_group(f, y, sd, cls)
             unsized = in_cls & ~sized
             if unsized.any():
                 self.constants_[cls] = float(np.median(y[unsized]))
@@ -137,27 +187,29 @@ class KernelModel(BaseEstimator, RegressorMixin):
         a = self._design(x, z, knots, zr, use_z)
         names = sorted(set(ops.tolist()))
         idx = np.array([names.index(o) for o in ops])
-        # A fixed floor t0 (launch and tail latency) plus the work term: t0 is chosen on a grid
-        # below the fastest kernel; for each t0 the residual curve g and one log-offset per aten op
-        # (shrunk toward 0 with weight OFFSET_PRIOR points: bmm runs slower than mm, softmax
-        # slower than a copy) are fitted by alternating least squares in log space.
-        best: tuple[float, float, np.ndarray, np.ndarray] | None = None
-        for frac in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
-            t0 = frac * float(yy.min())
-            g = np.log(yy - t0) - np.log(roof)
-            off = np.zeros(len(names))
-            for _ in range(4):
-                coef = ridge_fit(a, g - off[idx], alpha=self.alpha)
-                res = g - a @ coef
-                off = np.bincount(idx, weights=res, minlength=len(names)) / (
-                    np.bincount(idx, minlength=len(names)) + OFFSET_PRIOR)
-            pred = t0 + roof * np.exp(a @ coef + off[idx])
-            err = float(np.mean(np.abs(pred - yy) / yy))
-            if best is None or err < best[0]:
-                best = (err, t0, coef, off)
-        assert best is not None
-        _, t0, coef, off = best
-        group = {"t0_s": t0, "knots": [float(k) for k in knots], "coef": [float(c) for c in coef],
+        # A fixed floor (launch and tail latency) plus the work term. The floor is chosen on a grid
+        # below the fastest kernel, separately for microbenchmark rows (CUDA events around one
+        # launch on an idle GPU add 10-20 us) and profiled-trace rows (kernels back to back);
+        # for each pair the residual curve g and one log-offset per aten op family (shrunk toward
+        # 0 by OFFSET_PRIOR) are one least-squares fit in log space.
+        bench = f["bench"][sel]
+        lo_t = float(yy[~bench].min()) if (~bench).any() else float(yy.min())
+        lo_b = float(yy[bench].min()) if bench.any() else lo_t
+        grid = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+        def trial(t0: float, tb: float) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+            floor = np.where(bench, tb, t0)
+            g = np.log(yy - floor) - np.log(roof)
+            coef, off = _joint_fit(a, idx, len(names), g, self.alpha)
+            pred = floor + roof * np.exp(a @ coef + off[idx])
+            return float(np.mean(np.abs(pred - yy) / yy)), t0, tb, coef, off
+
+        best = min((trial(fr * lo_t, 0.5 * lo_b) for fr in grid), key=lambda r: r[0])
+        if bench.any():
+            best = min([best] + [trial(best[1], fr * lo_b) for fr in grid], key=lambda r: r[0])
+            best = min([best] + [trial(fr * lo_t, best[2]) for fr in grid], key=lambda r: r[0])
+        _, t0, tb, coef, off = best
+        group = {"t0_s": t0, "t0_bench_s": tb, "knots": [float(k) for k in knots], "coef": [float(c) for c in coef],
                  "z_range": zr, "use_z": bool(use_z), "count": int(sel.sum()),
                  "op_offsets": {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}}
         g_top = float((self._design(np.array([knots[-1]]), np.array([zr[1]]), knots, zr, use_z) @ coef)[0])
@@ -172,11 +224,21 @@ class KernelModel(BaseEstimator, RegressorMixin):
         return a
 
     # ---- prediction ----------------------------------------------------------------------
-    def _group_for(self, cls: str, dtype: str) -> dict | None:
-        for key in (f"{cls}/{dtype}", cls, FALLBACK.get(cls, "")):
+    def _group_for(self, cls: str, dtype: str, op: str = "") -> dict | None:
+        for key in (f"{cls}:{op}/{dtype}", f"{cls}:{op}", f"{cls}/{dtype}", cls, FALLBACK.get(cls, "")):
             if key in getattr(self, "groups_", {}):
                 return self.groups_[key]
         return None
+
+    def _groups_for(self, cls: str, dtype: str, op: str) -> list[dict]:
+        """Curves that may predict this op, most specific first."""
+        keys = (f"{cls}:{op}/{dtype}", f"{cls}:{op}", f"{cls}/{dtype}", cls, FALLBACK.get(cls, ""))
+        groups = getattr(self, "groups_", {})
+        out: list[dict] = []
+        for k in keys:
+            if k in groups and not any(groups[k] is g for g in out):
+                out.append(groups[k])
+        return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         if not hasattr(self, "groups_"):
@@ -184,17 +246,21 @@ class KernelModel(BaseEstimator, RegressorMixin):
         f = self._features(X)
         out = np.full(len(X), np.nan)
         sized = np.isfinite(f["x"]) & (f["roof"] > 0)
-        keys = np.array([f"{c}\0{d}" for c, d in zip(f["classes"], f["dtypes"], strict=True)], dtype=object)
+        keys = np.array([f"{c}\0{d}\0{o}" for c, d, o in zip(f["classes"], f["dtypes"], f["aten"], strict=True)],
+                        dtype=object)
         for key in set(keys[sized].tolist()):
-            cls, dt = key.split("\0")
-            grp = self._group_for(cls, dt)
-            if grp is None:
+            cls, dt, op = key.split("\0")
+            chain = self._groups_for(cls, dt, op)
+            if not chain:
                 continue
-            sel = sized & (keys == key)
-            a = self._design(f["x"][sel], f["z"][sel], grp["knots"], grp["z_range"], grp["use_z"])
-            offs = grp.get("op_offsets", {})
-            g = a @ np.asarray(grp["coef"]) + np.array([offs.get(op, 0.0) for op in f["aten"][sel]])
-            out[sel] = float(grp.get("t0_s", 0.0)) + f["roof"][sel] * np.exp(g)
+            rows = np.flatnonzero(sized & (keys == key))
+            for grp, idx in _by_range(chain, f["x"][rows], rows):
+                a = self._design(f["x"][idx], f["z"][idx], grp["knots"], grp["z_range"], grp["use_z"])
+                offs = grp.get("op_offsets", {})
+                g = a @ np.asarray(grp["coef"]) + np.array([offs.get(o, 0.0) for o in f["aten"][idx]])
+                t0 = float(grp.get("t0_s", 0.0))
+                floor = np.where(f["bench"][idx], float(grp.get("t0_bench_s", t0)), t0)
+                out[idx] = floor + f["roof"][idx] * np.exp(g)
         for i in np.flatnonzero(np.isnan(out)):
             out[i] = self._no_work_time(str(f["classes"][i]), str(f["dtypes"][i]), str(f["aten"][i]))
         return out
@@ -255,6 +321,7 @@ def _checked_group(name: str, g: dict) -> dict:
     g["knots"], g["coef"] = [float(k) for k in knots], [float(c) for c in coef]
     g["z_range"] = [float(z) for z in g["z_range"]]
     g["t0_s"] = float(g.get("t0_s", 0.0))
+    g["t0_bench_s"] = float(g.get("t0_bench_s", g["t0_s"]))
     g["op_offsets"] = {str(k): float(v) for k, v in (g.get("op_offsets") or {}).items()}
     return g
 
@@ -276,7 +343,7 @@ def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nda
     df = kernels.copy()
     for col in SHAPE_COLUMNS:
         if col not in df.columns:
-            df[col] = np.nan if col not in ("op_class", "aten_op", "dtype") else ""
+            df[col] = np.nan if col not in ("op_class", "aten_op", "dtype", "source") else ""
     df = df.assign(_key=shape_keys(df).to_numpy())
     agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))
     first = df.drop_duplicates("_key").set_index("_key").loc[agg.index, SHAPE_COLUMNS]

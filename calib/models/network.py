@@ -64,22 +64,16 @@ def bus_factor(kind: str, n: int) -> float:
     return 1.0
 
 
-def _fit_alpha_beta(s: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    """t = alpha + beta*s, minimizing relative squared error, alpha >= 0, beta > 0."""
-    a = np.column_stack([np.ones_like(s), s]) / t[:, None]
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    alpha, beta = float(coef[0]), float(coef[1])
-    if alpha < 0 or beta <= 0:
-        # Fall back to the two regimes read off directly: smallest time, largest sizes' slope.
-        alpha = float(max(0.0, np.min(t) * 0.9)) if alpha < 0 else alpha
-        big = s >= np.quantile(s, 0.75)
-        beta = float(np.median(np.maximum(t[big] - alpha, 1e-12) / s[big]))
-    return alpha, beta
-
-
 @dataclass
 class Series:
-    """One fitted (domain, kind, group size) curve; plain numbers."""
+    """One fitted (domain, kind, group size) curve; plain numbers.
+
+    Two latencies: `alpha_s` is that of collectives inside profiled training steps (the NCCL
+    kernel's own duration), `alpha_bench_s` that of the microbenchmarks, whose CUDA events around
+    one collective on an idle GPU add a launch floor of tens of microseconds. Predictions use
+    `alpha_s`; a series measured only by microbenchmarks gets alpha_bench_s minus its domain's
+    typical floor (CollectiveModel.bench_floor_s).
+    """
 
     domain: str
     kind: str
@@ -89,28 +83,38 @@ class Series:
     residual: ClampedPiecewise
     count: int
     bytes_range: tuple[float, float]
+    alpha_bench_s: float = float("nan")
+    has_trace: bool = True
 
-    def predict(self, nbytes: np.ndarray, group_size: int | None = None) -> np.ndarray:
+    def predict(self, nbytes: np.ndarray, group_size: int | None = None, bench: bool = False,
+                alpha_s: float | None = None) -> np.ndarray:
         n = self.group_size if group_size is None else group_size
         s = np.asarray(nbytes, dtype=float)
-        base = self.alpha_s + s * bus_factor(self.kind, n) / self.busbw_bytes_per_s
+        alpha = self.alpha_bench_s if bench else (self.alpha_s if alpha_s is None else alpha_s)
+        base = alpha + s * bus_factor(self.kind, n) / self.busbw_bytes_per_s
         return base * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
 
     @classmethod
-    def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 4) -> Series:
+    def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 4,
+            bench: np.ndarray | None = None) -> Series:
         s = np.asarray(nbytes, dtype=float)
         t = np.asarray(t, dtype=float)
-        if len(s) < MIN_SERIES_POINTS:
-            raise CalibError(f"collective {kind} over {n} GPUs ({domain}): {len(s)} size(s), need {MIN_SERIES_POINTS}")
-        alpha, beta = _fit_alpha_beta(s * bus_factor(kind, n), t)
-        base = alpha + beta * s * bus_factor(kind, n)
-        segs = max(1, min(max_segments, len(s) // 3))
+        b = np.zeros(len(s), dtype=bool) if bench is None else np.asarray(bench, dtype=bool)
+        if len(np.unique(s)) < MIN_SERIES_POINTS:
+            raise CalibError(f"collective {kind} over {n} GPUs ({domain}): {len(np.unique(s))} size(s), "
+                             f"need {MIN_SERIES_POINTS}")
+        sf = s * bus_factor(kind, n)
+        alpha_t, alpha_b, beta = _fit_two_alphas(sf, t, b)
+        base = np.where(b, alpha_b, alpha_t) + beta * sf
+        segs = max(1, min(max_segments, len(np.unique(s)) // 3))
         resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
-        return cls(domain, kind, n, alpha, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())))
+        return cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
+                   alpha_b, bool((~b).any()))
 
     def to_dict(self) -> dict:
         return {
             "domain": self.domain, "kind": self.kind, "group_size": self.group_size, "alpha_s": self.alpha_s,
+            "alpha_bench_s": self.alpha_bench_s, "has_trace": self.has_trace,
             "busbw_bytes_per_s": self.busbw_bytes_per_s, "residual": self.residual.to_dict(), "count": self.count,
             "bytes_range": [float(self.bytes_range[0]), float(self.bytes_range[1])],
         }
@@ -119,7 +123,33 @@ class Series:
     def from_dict(cls, d: dict) -> Series:
         return cls(str(d["domain"]), str(d["kind"]), int(d["group_size"]), float(d["alpha_s"]),
                    float(d["busbw_bytes_per_s"]), ClampedPiecewise.from_dict(d["residual"]), int(d["count"]),
-                   (float(d["bytes_range"][0]), float(d["bytes_range"][1])))
+                   (float(d["bytes_range"][0]), float(d["bytes_range"][1])),
+                   float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)))
+
+
+def _fit_two_alphas(sf: np.ndarray, t: np.ndarray, bench: np.ndarray) -> tuple[float, float, float]:
+    """(alpha_trace, alpha_bench, beta) of t = alpha_source + beta*sf by relative least squares.
+
+    A source without points gets NaN as its alpha."""
+    cols = []
+    has_t, has_b = bool((~bench).any()), bool(bench.any())
+    if has_t:
+        cols.append((~bench).astype(float))
+    if has_b:
+        cols.append(bench.astype(float))
+    a = np.column_stack([*cols, sf]) / t[:, None]
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    beta = float(coef[-1])
+    alphas = [float(c) for c in coef[:-1]]
+    if beta <= 0 or any(x < 0 for x in alphas):
+        # Read the two regimes off directly: the largest sizes' slope, each source's fastest time.
+        big = sf >= np.quantile(sf, 0.75)
+        beta = float(np.median(t[big] / sf[big])) if beta <= 0 else beta
+        alphas = [max(0.0, x) for x in alphas]
+    it = iter(alphas)
+    alpha_t = next(it) if has_t else float("nan")
+    alpha_b = next(it) if has_b else float("nan")
+    return alpha_t, alpha_b, beta
 
 
 # ---- ASTRA-sim's analytical formulas (one dimension, one chunk, free reduction) ------------
@@ -247,6 +277,14 @@ class CollectiveModel:
     series: dict[str, Series] = field(default_factory=dict)  # key "domain/kind/n"
     astra: dict[str, AstraFit | dict] = field(default_factory=dict)  # by domain
     gpus_per_node: int = 8
+    bench_floor_s: dict[str, float] = field(default_factory=dict)  # by domain: alpha_bench - alpha (median)
+
+    def set_bench_floor(self) -> None:
+        """The microbenchmarks' extra latency per domain, from series measured both ways."""
+        for dom in self.domains():
+            both = [s.alpha_bench_s - s.alpha_s for s in self.series.values()
+                    if s.domain == dom and s.has_trace and np.isfinite(s.alpha_bench_s)]
+            self.bench_floor_s[dom] = float(np.median(both)) if both else 0.0
 
     @staticmethod
     def key(domain: str, kind: str, n: int) -> str:
@@ -272,6 +310,12 @@ class CollectiveModel:
             raise CalibError(f"network model has no {k} measurement in the {domain} domain (it has {have})")
         return min(same, key=lambda s: (abs(np.log(s.group_size / group_size)), -s.group_size))
 
+    def alpha_for(self, s: Series) -> float:
+        """The in-training latency of a series (see Series)."""
+        if s.has_trace and np.isfinite(s.alpha_s):
+            return s.alpha_s
+        return max(0.0, s.alpha_bench_s - self.bench_floor_s.get(s.domain, 0.0))
+
     def predict(self, kind: str, group_size: int, nbytes: float | np.ndarray, domain: str | None = None
                 ) -> float | np.ndarray:
         """Seconds for one collective (a float for a scalar size, an array for an array of sizes);
@@ -279,7 +323,7 @@ class CollectiveModel:
         dom = domain or self.domain_for(int(group_size))
         s = self._series_for(kind, int(group_size), dom)
         arr = np.asarray(nbytes, dtype=float)
-        out = s.predict(np.atleast_1d(arr), int(group_size))
+        out = s.predict(np.atleast_1d(arr), int(group_size), alpha_s=self.alpha_for(s))
         return float(out[0]) if arr.ndim == 0 else out.reshape(arr.shape)
 
     def astra_params(self) -> dict[str, dict]:
@@ -287,9 +331,11 @@ class CollectiveModel:
 
     def to_dict(self) -> dict:
         return {
-            "form": "(alpha + bytes * bus_factor / busbw) * exp(clamped piecewise residual in log10 bytes)",
+            "form": "(alpha + bytes * bus_factor / busbw) * exp(clamped piecewise residual in log10 bytes); alpha "
+                    "from profiled training collectives, alpha_bench from microbenchmarks (launch floor included)",
             "size_convention": "nccl-tests (all-gather: total output; reduce-scatter: total input)",
             "gpus_per_node": self.gpus_per_node,
+            "bench_floor_s": dict(self.bench_floor_s),
             "series": {k: s.to_dict() for k, s in sorted(self.series.items())},
             "astra_sim": self.astra_params(),
         }
@@ -300,4 +346,5 @@ class CollectiveModel:
             {str(k): Series.from_dict(v) for k, v in (data.get("series") or {}).items()},
             {str(k): dict(v) for k, v in (data.get("astra_sim") or {}).items()},
             int(data.get("gpus_per_node", 8)),
+            {str(k): float(v) for k, v in (data.get("bench_floor_s") or {}).items()},
         )

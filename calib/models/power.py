@@ -33,7 +33,9 @@ CLOCK_REASONS = {
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-MIN_WINDOW_S = 1.0  # shorter windows leave the energy counter's update granularity visible
+# NVML's energy counter moves in steps (about every 100 ms on H200): shorter windows than this
+# leave the update granularity visible in the energy, so such a run gives no power point.
+MIN_WINDOW_S = 0.5
 
 
 def activity_of(op_class: str, name: str) -> str:
@@ -95,14 +97,15 @@ def _measured_steps(steps: pd.DataFrame) -> pd.DataFrame:
     return plain if not plain.empty else steps
 
 
-def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint], list[float]]:
-    """Points of one training bundle with telemetry, plus idle power readings; ([], []) without telemetry."""
+def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint], list[float], str]:
+    """Points of one training bundle with telemetry, idle power readings, and why there are no
+    points when the bundle has telemetry but cannot give any ("" otherwise)."""
     m = bundle.manifest
     if m.kind != "training" or not bundle.has("telemetry") or not bundle.has("kernels"):
-        return [], []
+        return [], [], ""
     tel = bundle.table("telemetry")
     if tel.empty:
-        return [], []
+        return [], [], ""
     steps = _measured_steps(bundle.table("steps"))
     profiled = set(m.steps.profiled) or set(bundle.table("steps").loc[bundle.table("steps")["profiled"].astype(bool), "step"])
     kernels = bundle.table("kernels")
@@ -110,10 +113,8 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     win1 = float((steps["start_s"] + steps["time_s"]).max())
     n_steps = int(steps["step"].nunique())
     if win1 - win0 < MIN_WINDOW_S:
-        raise CalibError(
-            f"bundle {bundle.path}: measured-step window is {win1 - win0:.3f} s; the energy counter needs "
-            f">= {MIN_WINDOW_S} s of steps"
-        )
+        return [], [], (f"{bundle.id}: measured steps last {win1 - win0:.3f} s, under the {MIN_WINDOW_S} s "
+                        "the energy counter's update steps need")
     ranks_per_gpu = _rank_to_gpu(bundle, gpu_count)
     points: list[PowerPoint] = []
     idle: list[float] = []
@@ -125,7 +126,9 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
                 f"bundle {bundle.path}: telemetry of GPU {gpu} covers {t[0]:.3f}-{t[-1]:.3f} s but the "
                 f"measured steps run {win0:.3f}-{win1:.3f} s (same clock expected)"
             )
-        e0, e1 = np.interp([win0, win1], t, e)
+        # Interpolate between the samples at which the counter changed (its update instants).
+        moved = np.concatenate([[True], np.diff(e) != 0])
+        e0, e1 = np.interp([win0, win1], t[moved], e[moved])
         if not e1 > e0:
             raise CalibError(f"bundle {bundle.path}: energy counter of GPU {gpu} did not increase over the steps")
         inside = (t >= win0) & (t <= win1)
@@ -153,7 +156,7 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
             bundle.id, m.spec.key() if m.spec else bundle.id, int(gpu), shares, float((e1 - e0) / window),
             float((e1 - e0) / n_steps), window / n_steps, n_steps, window, peak, sm_load, reasons,
         ))
-    return points, idle
+    return points, idle, ""
 
 
 def _rank_to_gpu(bundle, gpu_count: int | None) -> dict[int, list[int]]:

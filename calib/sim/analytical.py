@@ -60,12 +60,14 @@ class _Timeline:
 
 def _duration_ns(node: Node, system: SystemConfig) -> int:
     if system.roofline_enabled and not node.is_cpu_op and node.type == NodeType.COMP_NODE:
-        ops = node.attr("num_ops")
-        size = node.attr("tensor_size")
-        if ops and size and system.peak_perf_tflops and system.local_mem_bw_gbps:
-            intensity = ops / size
-            perf = min(system.peak_perf_tflops * 1e12, system.local_mem_bw_gbps * 1e9 * intensity)
-            return max(int(ops / perf * 1e9), 1)
+        # ASTRA-sim: a GPU node without tensor_size is skipped (0 ns); else num_ops over the roofline
+        # min(peak, memory bandwidth x intensity), truncated to ns (no 1-ns floor here).
+        size = float(node.attr("tensor_size", 0) or 0)
+        if size == 0:
+            return 0
+        ops = float(node.attr("num_ops", 0) or 0)
+        perf = min(system.peak_perf_tflops * 1e12, system.local_mem_bw_gbps * 1e9 * (ops / size))
+        return int(ops / perf * 1e9) if perf > 0 else 0
     d = node.duration_ns
     return d if d > 0 else 1
 
@@ -74,11 +76,11 @@ def _resource(node: Node) -> int:
     if node.type == NodeType.COMP_NODE:
         return CPU if node.is_cpu_op else GPU
     if node.type in (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE):
-        return CPU if node.is_cpu_op else COMM
+        return COMM  # ASTRA-sim refuses communication marked is_cpu_op; calib ignores the flag there
     if node.type == NodeType.COMM_RECV_NODE:
         return FREE
-    if node.type in (NodeType.METADATA_NODE, NodeType.MEM_LOAD_NODE, NodeType.MEM_STORE_NODE):
-        return FREE
+    if node.type in (NodeType.INVALID_NODE, NodeType.METADATA_NODE, NodeType.MEM_LOAD_NODE, NodeType.MEM_STORE_NODE):
+        return FREE  # completed as soon as ready (ASTRA-sim skips invalid and metadata nodes)
     raise CalibError(f"node {node.id} ({node.name!r}) has node type {int(node.type)}, which cannot be simulated")
 
 
@@ -134,6 +136,8 @@ class AnalyticalSimulator:
 
     def __init__(self, workload: SimWorkload, network: NetworkConfig, system: SystemConfig) -> None:
         network.check_ranks(workload.num_ranks)
+        if system.roofline_enabled and not (system.peak_perf_tflops and system.local_mem_bw_gbps):
+            raise CalibError("system configuration: roofline-enabled needs peak-perf and local-mem-bw")
         self.wl = workload
         self.system = system
         self.topo = MultiDimTopology(network)
@@ -435,13 +439,14 @@ def _categories(tl: _Timeline) -> tuple[dict[str, int], dict[str, int]]:
         spans.setdefault(cat, []).append((s, end))
         if res == GPU:
             compute.append((s, end))
-    compute.sort()
-    busy = {cat: _union_len(v) for cat, v in spans.items()}
+    compute_union = _union(compute)
+    busy = {}
     exposed = {}
     for cat, v in spans.items():
-        if cat == "compute":
-            continue
-        exposed[cat] = _union_len(v) - _overlap_len(v, compute)
+        u = _union(v)
+        busy[cat] = sum(e - s for s, e in u)
+        if cat != "compute":
+            exposed[cat] = busy[cat] - _overlap_len(u, compute_union)
     return busy, exposed
 
 
@@ -456,13 +461,8 @@ def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _union_len(spans: list[tuple[int, int]]) -> int:
-    return sum(e - s for s, e in _union(spans))
-
-
-def _overlap_len(spans: list[tuple[int, int]], compute_sorted: list[tuple[int, int]]) -> int:
-    a = _union(spans)
-    b = _union(compute_sorted)
+def _overlap_len(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two sorted, disjoint interval lists."""
     i = j = 0
     total = 0
     while i < len(a) and j < len(b):
@@ -487,4 +487,11 @@ def _write_json_atomic(path: str, data: dict) -> None:
 def simulate_analytical(
     workload: SimWorkload, network: NetworkConfig, system: SystemConfig, timeline_path: str | None = None
 ) -> SimResult:
-    return AnalyticalSimulator(workload, network, system).run(timeline_path)
+    # Building the timelines allocates as much as replaying them: keep the collector off for both.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return AnalyticalSimulator(workload, network, system).run(timeline_path)
+    finally:
+        if enabled:
+            gc.enable()

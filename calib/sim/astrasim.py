@@ -8,6 +8,7 @@ has groups, and `run.sh` with the exact command line. The binary prints one line
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -43,6 +44,7 @@ def write_inputs(
 ) -> list[str]:
     """Write every input file into `out_dir`; return the argv that runs ASTRA-sim there."""
     network.check_ranks(workload.num_ranks)
+    network, system = _without_unit_dims(network, system)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for rank in range(workload.num_ranks):
@@ -66,6 +68,23 @@ def write_inputs(
     write_bytes_atomic(out / "run.sh", script.encode())
     os.chmod(out / "run.sh", 0o755)
     return argv
+
+
+def _without_unit_dims(network: NetworkConfig, system: SystemConfig) -> tuple[NetworkConfig, SystemConfig]:
+    """ASTRA-sim refuses a dimension of one NPU; it changes no coordinate, so leave it (and its
+    implementation entries) out."""
+    keep = [i for i, d in enumerate(network.dims) if d.npus > 1] or [0]
+    if len(keep) == len(network.dims):
+        return network, system
+
+    def cut(impls: list[str]) -> list[str]:
+        return [impls[i] for i in keep if i < len(impls)] or impls[:1]
+
+    system = dataclasses.replace(
+        system, all_reduce_impl=cut(system.all_reduce_impl), all_gather_impl=cut(system.all_gather_impl),
+        reduce_scatter_impl=cut(system.reduce_scatter_impl), all_to_all_impl=cut(system.all_to_all_impl),
+    )
+    return NetworkConfig(tuple(network.dims[i] for i in keep)), system
 
 
 def parse_output(text: str, num_ranks: int, source: str = "ASTRA-sim") -> tuple[list[int], list[int]]:

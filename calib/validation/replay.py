@@ -11,7 +11,11 @@ How a converted ET is replayed (what "replay" means in every report):
     across their group (so the measured wait for a slow peer is not replayed; it arises, or not,
     from the simulated ranks); their duration field is set to the measured transfer part (attr
     transfer_ns), which is what the simulator replays for the collectives it does not model
-    (BROADCAST).
+    (BROADCAST);
+  - an uneven all-to-all (MoE token dispatch: each rank sends what its router chose, so the k-th
+    all-to-all of a group moves different byte counts on different ranks) is replayed on every
+    rank at the largest rank's comm_size: the simulator times an all-to-all of one size per group,
+    and the exchange ends when its largest member is done. The report counts such collectives.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calib.bundle.io import Bundle
-from calib.chakra.model import ExecutionTrace, NodeType
+from calib.chakra.model import CommType, ExecutionTrace, NodeType
 from calib.errors import CalibError
 from calib.sim.types import SimResult, SimWorkload
 
@@ -31,6 +35,7 @@ from calib.sim.types import SimResult, SimWorkload
 class RunTraces:
     traces: dict[int, ExecutionTrace]
     comm_groups: dict[int, list[int]]
+    uneven_all_to_all: int = 0  # set by replay_workload
 
 
 def read_run_traces(bundle: Bundle) -> RunTraces:
@@ -72,8 +77,33 @@ def replay_trace(trace: ExecutionTrace) -> ExecutionTrace:
     return out
 
 
+def even_all_to_all(traces: dict[int, ExecutionTrace]) -> int:
+    """Give the k-th ALL_TO_ALL of every process group the largest comm_size any rank has for it
+    (in place); return how many collectives were uneven. Collectives are matched as the simulator
+    matches them: k-th collective node of the group in issue (node id) order on each rank."""
+    by_key: dict[tuple[str, int], list] = {}
+    for trace in traces.values():
+        seen: dict[str, int] = {}
+        for n in sorted((n for n in trace.nodes if n.type == NodeType.COMM_COLL_NODE), key=lambda n: n.id):
+            pg = str(n.attr("pg_name") or "")
+            k = seen.get(pg, 0)
+            seen[pg] = k + 1
+            by_key.setdefault((pg, k), []).append(n)
+    uneven = 0
+    for nodes in by_key.values():
+        if any(int(n.attr("comm_type", -1)) != int(CommType.ALL_TO_ALL) for n in nodes):
+            continue
+        sizes = [int(n.attr("comm_size", 0)) for n in nodes]
+        if min(sizes) != max(sizes):
+            uneven += 1
+            for n in nodes:
+                n.set_attr("comm_size", max(sizes))
+    return uneven
+
+
 def replay_workload(run: RunTraces) -> SimWorkload:
     prepared = {r: replay_trace(t) for r, t in run.traces.items()}
+    run.uneven_all_to_all = even_all_to_all(prepared)
     return SimWorkload.per_rank(prepared, run.comm_groups)
 
 

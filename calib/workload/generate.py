@@ -68,6 +68,17 @@ class GeneratedStep:
     stage_compute_s: list[float] = field(default_factory=list)  # all compute nodes, per pipeline stage
     stage_memory_s: list[float] = field(default_factory=list)  # the memory-bound part of it
     groups: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # kind -> {id: ranks}
+    templates: dict[str, list] = field(default_factory=dict)  # name -> items (ops.Op | Coll | Wait)
+    replayed: list[dict[str, int]] = field(default_factory=list)  # per stage: template -> times emitted
+
+    def op_counts(self, stage: int) -> dict[O.Op, int]:
+        """How many times each compute op runs on one GPU of `stage` in the step."""
+        out: dict[O.Op, int] = {}
+        for key, times in self.replayed[stage].items():
+            for it in self.templates[key]:
+                if isinstance(it, O.Op):
+                    out[it] = out.get(it, 0) + times
+        return out
 
     def materialize(self, rank: int) -> ExecutionTrace:
         assert self.workload.materialize is not None
@@ -283,13 +294,14 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> 
     def materialize(rank: int) -> ExecutionTrace:
         return _materialize(rank, par, ctx.groups, classes)
 
-    workload = SimWorkload(num_ranks=par.gpus, classes=[c for c, _ in classes], comm_groups=comm_groups,
+    workload = SimWorkload(num_ranks=par.gpus, classes=[c for c, _, _ in classes], comm_groups=comm_groups,
                            materialize=materialize)
-    compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE) * 1e-9 for c, _ in classes]
+    compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE) * 1e-9 for c, _, _ in classes]
     return GeneratedStep(
         model=model, par=par, workload=workload, ops=ctx.table, model_flops=model_flops_per_step(model, par),
         hardware_flops=hardware_flops_per_step(model, par), stage_compute_s=compute,
-        stage_memory_s=[mem for _, mem in classes], groups=by_kind,
+        stage_memory_s=[mem for _, mem, _ in classes], groups=by_kind, templates=ctx.templates,
+        replayed=[r for _, _, r in classes],
     )
 
 
@@ -336,6 +348,7 @@ class _StepContext:
         table["time_s"] = seconds
         table.insert(0, "name", [o.name for o in unique])
         self.table = table
+        self.templates = templates
         self.compiled = {k: _compile(v, self.durations) for k, v in templates.items()}
 
     def _optimizer_params(self, stage: int) -> tuple[float, float]:
@@ -368,8 +381,9 @@ class _Stage:
         self.gids = {k: ctx.groups.gid(k, self.me) for k in ctx.groups.base}
         self.buckets = {c: self._buckets(c) for c in range(self.par.vpp)}
         self.gather_wait: dict[int, list[str]] = {}
+        self.replayed: dict[str, int] = {}  # template -> times emitted
 
-    def build(self) -> tuple[RankClass, float]:
+    def build(self) -> tuple[RankClass, float, dict[str, int]]:
         par, b = self.par, self.b
         # Distributed optimizer with overlap_param_gather: in the steady state the parameter all-gather
         # runs under the first forward passes; each layer's first forward waits for its bucket.
@@ -387,13 +401,13 @@ class _Stage:
                 for bk in self.buckets[c]:
                     self._grad_reduce(bk, asynchronous=False)
         b.wait_all()
-        self._replay(self.ctx.compiled[f"optimizer{self.p}"], f"stage{self.p}")
+        self._replay(f"optimizer{self.p}", f"stage{self.p}")
         if par.distributed_optimizer and not par.overlap_param_gather:
             for c in range(par.vpp):
                 for bk in reversed(self.buckets[c]):
                     self._param_gather(bk, asynchronous=False)
         members = [rank_of(t, d, self.p, par) for d in range(par.dp) for t in range(par.tp)]
-        return RankClass(rep=self.me, members=members, trace=b.trace()), b.memory_ns * 1e-9
+        return RankClass(rep=self.me, members=members, trace=b.trace()), b.memory_ns * 1e-9, dict(self.replayed)
 
     # --- pieces -------------------------------------------------------------------------------
     def _buckets(self, chunk: int) -> list[Bucket]:
@@ -417,9 +431,10 @@ class _Stage:
             out.append((sorted(cur), dense, expert))
         return out
 
-    def _replay(self, code: Compiled, prefix: str) -> None:
+    def _replay(self, key: str, prefix: str) -> None:
         b = self.b
-        for it in code:
+        self.replayed[key] = self.replayed.get(key, 0) + 1
+        for it in self.ctx.compiled[key]:
             if isinstance(it, Segment):
                 b.compute(f"{prefix}.{it.name}", it)
             elif isinstance(it, O.Coll):
@@ -466,15 +481,15 @@ class _Stage:
         mb = ps.micro_batch
         pre = f"mb{mb}.fwd"
         if v == 0:
-            self._replay(ctx.compiled["emb_fwd"], f"{pre}.embedding")
+            self._replay("emb_fwd", f"{pre}.embedding")
         else:
             b.p2p(f"{pre}.recv.v{v}", False, ctx.rep(v - 1), self.me, ctx.act_p2p, ctx.tag(0, v, mb))
         for lid in self._layers(v):
             for key in self.gather_wait.pop(lid, []):
                 b.wait(key)
-            self._replay(ctx.compiled["fwd"], f"{pre}.L{lid}")
+            self._replay("fwd", f"{pre}.L{lid}")
         if v == ctx.V - 1:
-            self._replay(ctx.compiled["out_fwd"], f"{pre}.output")
+            self._replay("out_fwd", f"{pre}.output")
         else:
             b.p2p(f"{pre}.send.v{v + 1}", True, ctx.rep(v + 1), self.me, ctx.act_p2p, ctx.tag(0, v + 1, mb))
 
@@ -484,7 +499,7 @@ class _Stage:
         mb = ps.micro_batch
         pre = f"mb{mb}.bwd"
         if v == ctx.V - 1:
-            self._replay(ctx.compiled["out_bwd"], f"{pre}.output")
+            self._replay("out_bwd", f"{pre}.output")
         else:
             b.p2p(f"{pre}.recv.v{v}", False, ctx.rep(v + 1), self.me, ctx.act_p2p, ctx.tag(1, v, mb))
         # A bucket's gradients are final after the last micro-batch's backward of its lowest layer.
@@ -494,9 +509,9 @@ class _Stage:
         # other stages wait for (on a real cluster they use different links and streams).
         ready = self.buckets[ps.chunk] if (mb == ctx.m - 1 and par.overlap_grad_reduce) else []
         for lid in reversed(self._layers(v)):
-            self._replay(ctx.compiled["bwd"], f"{pre}.L{lid}")
+            self._replay("bwd", f"{pre}.L{lid}")
             if lid == 0:
-                self._replay(ctx.compiled["emb_bwd"], f"{pre}.embedding")
+                self._replay("emb_bwd", f"{pre}.embedding")
             if par.pp == 1:
                 for bk in ready:
                     if bk[0][0] == lid:
@@ -508,7 +523,7 @@ class _Stage:
                 self._grad_reduce(bk, asynchronous=True)
 
 
-def _materialize(rank: int, par: ParallelConfig, groups: Groups, classes: list[tuple[RankClass, float]]) -> ExecutionTrace:
+def _materialize(rank: int, par: ParallelConfig, groups: Groups, classes: list[tuple[RankClass, float, dict]]) -> ExecutionTrace:
     """`rank`'s own ET: its stage's trace with process-group ids and pipeline peers rewritten."""
     if not 0 <= rank < par.gpus:
         raise CalibError(f"rank {rank} is outside the workload's {par.gpus} ranks")

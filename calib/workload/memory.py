@@ -19,6 +19,7 @@ holds the most micro-batches in flight (stage 0 under 1F1B: PP of them) is the p
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from calib.units import GIB
@@ -36,12 +37,18 @@ class MemoryEstimate:
     weights_bytes: float
     grads_bytes: float
     optimizer_bytes: float
-    activations_bytes: float
+    activations_bytes: float  # kept for backward by the micro-batches in flight
     capacity_bytes: float
+    working_bytes: float = 0.0  # transient peak on top of them (loss, or one layer's backward)
+    optimizer_step_bytes: float = 0.0  # transient peak of the optimizer step (activations freed by then)
+
+    @property
+    def state_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
 
     @property
     def total_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+        return self.state_bytes + max(self.activations_bytes + self.working_bytes, self.optimizer_step_bytes)
 
     @property
     def fits(self) -> bool:
@@ -110,12 +117,26 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool 
     return replicated / (t if sp else 1) + (split + scores) / t
 
 
+def layer_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """Transient bytes while one layer runs its backward: the score gradients (fp32 and bf16, 6 bytes
+    per score), plus what recomputation brings back for that layer (all of its activations with full
+    recomputation, its attention scores with selective)."""
+    scores = model.heads * model.seq_length ** 2 * par.micro_batch / par.tp
+    extra = 0.0
+    if par.recompute == "full":
+        extra = layer_activation_bytes(model, dataclasses.replace(par, recompute="none"))
+    elif par.recompute == "selective":
+        extra = 6.0 * scores
+    return 6.0 * scores + extra
+
+
 def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> MemoryEstimate:
     """The peak over pipeline stages of model state plus in-flight activations."""
     pbytes = _param_bytes(par.dtype)
     best: MemoryEstimate | None = None
     m = par.num_microbatches
     layer_act = layer_activation_bytes(model, par)
+    working_layer = layer_working_bytes(model, par)
     layers_per_chunk = model.layers // (par.pp * par.vpp)
     s, b, h = model.seq_length, par.micro_batch, model.hidden
     for stage in range(par.pp):
@@ -124,17 +145,20 @@ def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> Me
         weights = pbytes * params
         grads = 4.0 * params  # fp32 main gradients
         opt_per_param = 12.0 if pbytes == 2 else 8.0
-        if par.distributed_optimizer:
-            optimizer = opt_per_param * (dense / par.dp + expert / max(par.dp // par.ep, 1))
-        else:
-            optimizer = opt_per_param * params
+        shard = (dense / par.dp + expert / max(par.dp // par.ep, 1)) if par.distributed_optimizer else params
+        optimizer = opt_per_param * shard
         in_flight = max_in_flight(stage_schedule(stage, par.pp, m, par.vpp))
         acts = in_flight * layers_per_chunk * layer_act
         if stage == 0:
             acts += in_flight * 2.0 * s * b * h / (par.tp if par.sequence_parallel else 1)  # embedding output
+        loss = 0.0
         if stage == par.pp - 1:
-            acts += 4.0 * s * b * padded_vocab(model, par.tp).vocab / par.tp  # fp32 logits in the loss
-        est = MemoryEstimate(stage, weights, grads, optimizer, acts, capacity_bytes)
+            # Vocab-parallel cross entropy: bf16 logits, their fp32 copy and the fp32 exponentials (10 B each).
+            loss = 10.0 * s * b * padded_vocab(model, par.tp).vocab / par.tp
+        working = max(loss, working_layer)
+        # torch's foreach Adam allocates the fp32 denominators (sqrt of exp_avg_sq) of all its parameters.
+        step_peak = 4.0 * shard
+        est = MemoryEstimate(stage, weights, grads, optimizer, acts, capacity_bytes, working, step_peak)
         if best is None or est.total_bytes > best.total_bytes:
             best = est
     assert best is not None

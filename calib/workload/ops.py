@@ -22,6 +22,7 @@ reduce-scatter after each block; in backward the layer input is gathered again f
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
@@ -500,7 +501,9 @@ def embedding_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
 def embedding_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     items: list[Item] = list(_grad_in_block("embedding.tp.bwd", sh))
     table = model.vocab // sh.t * sh.h * sh.e
-    items.append(memop("embedding.grad", 2 * sh.act_bytes + 2 * table, sh.dtype, "aten::embedding_dense_backward"))
+    # A zeroed gradient table per micro-batch, then the scatter-add of the token gradients into it.
+    items.append(memop("embedding.grad.zero", 2 * table, sh.dtype, "aten::fill_"))
+    items.append(memop("embedding.grad", 2 * sh.act_bytes + table, sh.dtype, "aten::embedding_dense_backward"))
     tensors = [model.vocab // sh.t * sh.h] + ([model.seq_length * sh.h] if model.position == "learned" else [])
     items += main_grad_accumulation(tensors, "embedding", sh.dtype)
     return items
@@ -546,23 +549,30 @@ def output_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     return items
 
 
-# Bytes per parameter of torch's foreach Adam(W) on fp32 master weights, kernel by kernel as the
-# profiled sample runs them (with bf16 tensors there; doubled for fp32): weight decay mul_, exp_avg
-# lerp_, exp_avg_sq mul_ and addcmul_, sqrt, div_ and add_ of the denominator, addcdiv_ of the update.
-ADAM_FOREACH = (("mul_", 8), ("lerp_", 16), ("mul_", 8), ("addcmul_", 24), ("sqrt", 16), ("div_", 8), ("add_", 8),
-                ("addcdiv_", 24))
+# torch's foreach Adam(W) on fp32 master weights, op by op as the profiled steps run it: weight-decay
+# mul_, exp_avg lerp_, exp_avg_sq mul_ and addcmul_, sqrt, div_ and add_ of the denominator, addcdiv_
+# of the update; with the bytes per parameter each touches (fp32 tensors read and written).
+ADAM_FOREACH = (("mul_", 8), ("lerp_", 12), ("mul_", 8), ("addcmul_", 12), ("sqrt", 8), ("div_", 8), ("add_", 8),
+                ("addcdiv_", 16))
+# torch's multi_tensor_apply launches one kernel per 320 blocks of 65536 elements (kChunkSize and
+# depth_to_max_blocks in aten/src/ATen/native/cuda/MultiTensorApply.cuh).
+FOREACH_CHUNK_ELEMENTS = 320 * 65536
 
 
 def optimizer_ops(local_params: float, shard_params: float, dtype: str) -> list[Op]:
     """One optimizer step of megatron's mixed-precision optimizer on one GPU: zero the fp32 grad
     buffer (all local parameters), gradient norm for clipping, Adam on the fp32 master weights of
-    this GPU's shard (all local parameters, or 1/DP with the distributed optimizer), and the copy
-    of the updated master weights into the bf16 model weights."""
+    this GPU's shard (all local parameters, or 1/DP with the distributed optimizer) as torch's
+    foreach ops, one kernel per chunk (the kernel model times those per kernel, as they were
+    measured), and the copy of the updated master weights into the bf16 model weights."""
     e = DTYPE_BYTES[dtype]
+    chunks = max(1, math.ceil(shard_params / FOREACH_CHUNK_ELEMENTS))
+    per_chunk = shard_params / chunks
     ops = [memop("optimizer.zero_grad", 8 * local_params, "fp32", "aten::fill_"),
-           memop("optimizer.grad_norm", 4 * shard_params, "fp32", "aten::_foreach_norm", 2.0 * shard_params)]
-    ops += [memop(f"optimizer.adam.{i}.{name}", b * shard_params, "fp32", f"aten::_foreach_{name}", shard_params)
-            for i, (name, b) in enumerate(ADAM_FOREACH)]
+           memop("optimizer.grad_norm", 4 * shard_params, "fp32", "aten::linalg_vector_norm", 2.0 * shard_params)]
+    for i, (name, b) in enumerate(ADAM_FOREACH):
+        op = memop(f"optimizer.adam.{i}.{name}", b * per_chunk, "fp32", f"aten::_foreach_{name}", per_chunk)
+        ops += [op] * chunks
     if dtype != "fp32":
         ops.append(memop("optimizer.copy_to_model", (4 + 2 * e) * shard_params, dtype, "aten::copy_"))
     return ops

@@ -53,7 +53,16 @@ TRAININGS: list[tuple] = [
     ("llama70b-tp4-rcsel", L70B, 4, 1, 1, 1, 1, 4, "selective", []),
     ("gpt13b-tp4-rcfull", G13B, 4, 1, 1, 1, 2, 8, "full", []),
     ("llama8b-dp4-distopt", L8B, 1, 1, 4, 1, 2, 16, "none", ["--distributed-optimizer", "--overlap-grad-reduce"]),
+    # round 3: more shapes and combinations (TP x EP needs sequence parallel in megatron)
+    ("llama8b-dp2-mbs2-rcsel", L8B, 1, 1, 2, 1, 2, 8, "selective", []),
+    ("gpt13b-tp2", G13B, 2, 1, 1, 1, 1, 8, "none", []),
+    ("mixtral-tp2-sp-rcsel", MIX, 2, 1, 1, 1, 1, 4, "selective", ["--sequence-parallel"]),
+    ("gpt6.7b-pp2-mbs2", G67B, 1, 2, 1, 1, 2, 8, "none", []),
+    ("mixtral-tp2ep2-sp", MIX, 2, 1, 2, 2, 1, 4, "none", ["--sequence-parallel"]),
+    ("gpt175b-tp4", "gpt3-175b@L1", 4, 1, 1, 1, 1, 4, "none", []),
+    ("llama70b-tp4-rcfull-mbs2", L70B, 4, 1, 1, 1, 2, 8, "full", []),
 ]
+ROUND3 = [s[0] for s in TRAININGS[-7:]]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -106,6 +115,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
         jobs += two
         jobs += [t(r) for r in ["gpt6.7b-tp2dp2-rcsel", "llama8b-tp2dp2-sp", "llama8b-pp2vpp2dp2", "gpt13b-tp4-rcfull",
                                 "llama8b-dp4-distopt"]]
+    jobs += [t(r) for r in ROUND3]
     return jobs
 
 

@@ -16,6 +16,7 @@ for the whole run (recorded in `fields`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from calib import units
@@ -153,10 +154,8 @@ class NvmlBackend:
         }
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already shut down
             self.nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - already shut down
-            pass
 
 
 def _text(value: object) -> str:

@@ -1,0 +1,66 @@
+"""The committed real data (traces/): complete, consistent bundles that span what the issue asks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calib.bundle.io import check_bundle, load_bundles
+from calib.workload.models import resolve_model
+from tests.conftest import TRACES
+
+
+@pytest.fixture(scope="module")
+def bundles() -> list:
+    if not TRACES.is_dir():
+        pytest.skip("no traces/ folder")
+    return load_bundles([TRACES])
+
+
+def test_every_bundle_is_complete_and_checks_clean(bundles: list) -> None:
+    assert bundles
+    for b in bundles:
+        assert check_bundle(b) == [], b.id
+
+
+def test_training_bundles_span_the_parallel_space(bundles: list) -> None:
+    train = [b for b in bundles if b.manifest.kind == "training" and b.path.parent.name == "h200"]
+    assert len(train) >= 16
+    specs = [b.manifest.spec for b in train]
+    assert any(s.tp > 1 for s in specs) and any(s.pp > 1 for s in specs)
+    assert any(s.dp > 1 for s in specs) and any(s.ep > 1 for s in specs)
+    assert {s.recompute for s in specs} >= {"none", "selective", "full"}
+    assert {s.micro_batch for s in specs} >= {1, 2, 4}
+    assert {s.tp * s.pp * s.dp for s in specs} >= {2, 4}
+    assert {resolve_model(s.model).name.split("-")[0] for s in specs} == {"gpt3", "llama3", "mixtral"}
+    for b in train:
+        world = b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp
+        assert len(b.et_files()) == world, b.id
+        assert json.loads((b.path / "et" / "comm_groups.json").read_text())
+        assert len(b.manifest.memory) == world and all(m.peak_allocated_bytes > 0 for m in b.manifest.memory)
+        assert b.manifest.gpu.name == "NVIDIA H200"
+        assert not (b.path / "raw").exists()
+
+
+def test_telemetry_twins_record_their_overhead(bundles: list) -> None:
+    by_id = {b.id: b for b in bundles}
+    twins = [(i, i + "-notel") for i in by_id if i + "-notel" in by_id]
+    assert len(twins) >= 2
+    for on, off in twins:
+        m_on, m_off = by_id[on].manifest, by_id[off].manifest
+        assert m_on.spec.key() == m_off.spec.key()
+        assert m_on.telemetry.enabled and not m_off.telemetry.enabled
+        assert m_on.telemetry.overhead_fraction is not None and abs(m_on.telemetry.overhead_fraction) < 0.1
+        tel = by_id[on].table("telemetry")
+        assert m_on.telemetry.rate_hz >= 20 and not tel["power_w"].isna().any()
+
+
+def test_microbenchmarks_on_both_gpus(bundles: list) -> None:
+    kinds = {(b.path.parent.name, b.manifest.kind) for b in bundles}
+    assert {("h200", "collectives"), ("h200", "kernels"), ("h100", "kernels")} <= kinds
+    coll = [b for b in bundles if b.id == "collectives-4gpu"][0].table("collectives")
+    assert set(coll["kind"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    assert coll["bytes"].min() <= 1024 and coll["bytes"].max() >= 2**30
+    big = coll[(coll.kind == "all_reduce") & (coll.group_size == 4) & (coll.bytes >= 2**30 - 1024)]
+    assert 200 < big["busbw_gbps"].iloc[0] < 450  # NVLink NV18 all-reduce busbw on H200, nccl-tests GB/s

@@ -1,0 +1,141 @@
+"""`calib measure train` on the CPU (gloo) path end to end, failures, and pre-launch validation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from calib.bundle.io import read_bundle
+from calib.cli import main
+from calib.errors import CalibError
+from calib.workload.parallel import ParallelConfig
+
+pytest.importorskip("torch")
+
+from measure.request import TrainRequest  # noqa: E402
+from measure.train import measure_training  # noqa: E402
+
+
+def _req(port: int, **kw: object) -> TrainRequest:
+    par = ParallelConfig(dp=2, micro_batch=1, global_batch=4)
+    base = dict(model="gpt3-1.3b@L2", par=par, device="cpu", warmup=1, steps=3, profile_steps=1,
+                master_port=port, timeout_s=120)
+    base.update(kw)
+    return TrainRequest(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def cpu_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("train") / "cpu-dp2"
+    return measure_training(_req(29811, keep_raw=True), out)
+
+
+def test_cpu_run_writes_a_complete_bundle(cpu_bundle: Path) -> None:
+    b = read_bundle(cpu_bundle)
+    m = b.manifest
+    assert m.status == "complete" and m.kind == "training"
+    assert m.spec is not None and m.spec.dp == 2 and m.spec.model == "gpt3-1.3b@L2"
+    steps = b.table("steps")
+    assert sorted(steps["rank"].unique()) == [0, 1]
+    assert len(steps) == 2 * (3 + 1)  # measured + profiled, per rank
+    assert steps["profiled"].sum() == 2
+    assert (steps["time_s"] > 0).all()
+    # start times are on the launcher's clock: after launch, ordered within a rank
+    for _, g in steps.groupby("rank"):
+        assert g["start_s"].is_monotonic_increasing and g["start_s"].iloc[0] > 0
+    assert m.steps.warmup == 1 and m.steps.measured == 3 and m.steps.profiled == [4]
+    assert [x.rank for x in m.memory] == [0, 1]
+    assert m.software.torch and m.software.python
+    assert m.notes["rank0_stages"][-1].endswith("results written")
+    assert not (cpu_bundle.with_name(cpu_bundle.name + ".partial")).exists()
+
+
+def test_cpu_run_keeps_raw_traces_for_conversion(cpu_bundle: Path) -> None:
+    raw = cpu_bundle / "raw"
+    for r in (0, 1):
+        for kind in ("host", "device"):
+            assert (raw / f"{kind}.{r}.json.gz").stat().st_size > 1000
+    m = read_bundle(cpu_bundle).manifest
+    # The converter needs GPU activity; a CPU profile has none, so the bundle says why it has no ETs.
+    et = m.notes.get("et", "")
+    assert et.startswith("converted") or "not converted" in et
+
+
+def test_crashed_rank_leaves_a_failed_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALIB_TEST_FAIL_RANK", "1")
+    out = measure_training(_req(29821, profile_steps=0), tmp_path / "crash")
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["status"] == "failed"
+    assert data["failure"].startswith("rank 1: RuntimeError: injected failure on rank 1")
+    assert "\n" not in data["failure"]
+    with pytest.raises(CalibError, match="failed run"):
+        read_bundle(out)
+    assert (out / "log_tail.txt").is_file()
+
+
+def test_timeout_leaves_a_failed_bundle(tmp_path: Path) -> None:
+    out = measure_training(_req(29831, profile_steps=0, timeout_s=1.0), tmp_path / "slow")
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["status"] == "failed" and "timed out after 1 s" in data["failure"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llama3-8b@L4", "--tp", "3"], "TP 3 does not divide the 32 attention heads"),
+        (["--model", "llama3-8b@L3", "--pp", "2"], "PP 2 does not divide the 3 layers"),
+        (["--model", "llama3-8b@L4", "--ep", "2", "--dp", "2"], "needs a mixture-of-experts model"),
+        (["--model", "gpt3-175b@L8"], "more than one GPU holds"),
+        (["--model", "llama3-8b@L4", "--tp", "2", "--device", "cpu"], "CPU (gloo) path runs data parallel only"),
+        (["--model", "llama3-8b@L4", "--dp", "2", "--gbs", "3"], "not a multiple of micro-batch x DP"),
+    ],
+)
+def test_impossible_configs_fail_before_launch(tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
+    out = tmp_path / "never"
+    rc = main(["measure", "train", *args, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.startswith("error: ") and err.count("\n") == 1
+    assert not out.exists() and not out.with_name("never.partial").exists()
+
+
+def test_collectives_on_gloo(tmp_path: Path) -> None:
+    from measure.collectives import measure_collectives
+
+    out = measure_collectives(tmp_path / "coll", 2, device="cpu", sizes=[1024, 65536], warmup=1, repeats=3,
+                              master_port=29841)
+    b = read_bundle(out)
+    df = b.table("collectives")
+    assert set(df["kind"]) == {"all_reduce", "all_gather", "send_recv"}
+    assert {u["option"] for u in b.manifest.unsupported} == {"reduce_scatter", "all_to_all"}
+    assert (df["time_s"] > 0).all() and (df["repeats"] == 3).all()
+    assert (df["time_s"] >= df["transfer_s"]).all()
+    ar = df[(df.kind == "all_reduce") & (df.bytes == 65536)].iloc[0]
+    # nccl-tests: algbw = bytes / time (GB = 1e9 B); 2 ranks: all-reduce busbw = algbw x 2(n-1)/n = algbw
+    assert ar.algbw_gbps == pytest.approx(65536 / ar.time_s / 1e9)
+    assert ar.busbw_gbps == pytest.approx(ar.algbw_gbps)
+
+
+def test_cpu_bundle_in_tests_data_is_readable() -> None:
+    from tests.conftest import TEST_DATA
+
+    path = TEST_DATA / "cpu-gloo-dp2"
+    if not path.is_dir():
+        pytest.skip("no CPU bundle committed")
+    b = read_bundle(path)
+    assert b.manifest.gpu.vendor == "cpu" and isinstance(b.table("steps"), pd.DataFrame)
+    assert os.path.commonpath([path, TEST_DATA]) == str(TEST_DATA)
+
+
+def test_oom_is_named_in_the_reason() -> None:
+    from measure.worker import is_oom, one_line
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    exc = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\n(GPU 0; 139.8 GiB total)")
+    assert is_oom(exc) and not is_oom(ValueError("bad shape"))
+    assert one_line(exc) == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 139.8 GiB total)"
