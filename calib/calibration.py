@@ -191,7 +191,7 @@ class Calibration:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         text = "# calib calibration file; format: docs/formats.md (Calibration file)\n"
-        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)
+        text += yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, width=110)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
         try:
             with os.fdopen(fd, "w") as fh:
@@ -201,6 +201,18 @@ class Calibration:
             Path(tmp).unlink(missing_ok=True)
             raise
         return p
+
+
+class _Dumper(yaml.SafeDumper):
+    """Mappings as blocks (one parameter a line), lists of numbers and strings inline."""
+
+
+def _list_inline(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(v, dict | list) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _list_inline)
 
 
 def _plain(value: Any) -> Any:

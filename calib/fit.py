@@ -25,7 +25,15 @@ from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
 from calib.models.kernel import OP_CLASSES, KernelModel, shape_keys, shape_table
-from calib.models.network import MIN_SERIES_POINTS, CollectiveModel, Series, fit_astra, normalize_kind
+from calib.models.network import (
+    ASTRA_KINDS,
+    MIN_SERIES_POINTS,
+    CollectiveModel,
+    Series,
+    astra_collective_time_s,
+    fit_astra,
+    normalize_kind,
+)
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
 from calib.units import MIB
@@ -52,7 +60,16 @@ def gpu_family(name: str) -> str:
 
 
 def _ids(bundles: Sequence[Bundle]) -> str:
-    return ", ".join(b.id for b in bundles)
+    return _short([b.id for b in bundles])
+
+
+def _short(ids: Sequence[str], most: int = 4, noun: str = "bundles") -> str:
+    """Bundle ids for a provenance line: all when few, else the first ones and a count (the
+    calibration's `bundles` list has every id)."""
+    ids = list(ids)
+    if len(ids) <= most:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:most])} and {len(ids) - most} more ({len(ids)} {noun})"
 
 
 def select_bundles(bundles: Sequence[Bundle], opts: FitOptions) -> list[Bundle]:
@@ -105,6 +122,15 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
 
 
+def roofline_scored(shapes: pd.DataFrame) -> np.ndarray:
+    """Shapes the roofline curves predict (with FLOPs or bytes, not _foreach_ chunks); the others
+    are timed by measured medians and scored apart (kernel.no_work_ops)."""
+    fl = np.nan_to_num(pd.to_numeric(shapes["flops"], errors="coerce").to_numpy(float), nan=0.0)
+    by = np.nan_to_num(pd.to_numeric(shapes["bytes"], errors="coerce").to_numpy(float), nan=0.0)
+    multi = shapes["aten_op"].astype(str).str.startswith("aten::_foreach_").to_numpy()
+    return ((fl > 0) | (by > 0)) & ~multi
+
+
 def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[KernelModel, dict[str, ErrorStat]]:
     shapes, t, counts = shape_table(rows)
     make = lambda: KernelModel(peaks=peaks, min_points=opts.min_kernel_points)  # noqa: E731
@@ -119,10 +145,7 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
     pred = cross_validate(n, folds, fp)
     # Shapes with FLOPs or bytes are what the roofline model predicts; ops without either (no data
     # movement the classifier could name) are predicted by a measured median and reported apart.
-    fl = np.nan_to_num(pd.to_numeric(shapes["flops"], errors="coerce").to_numpy(float), nan=0.0)
-    by = np.nan_to_num(pd.to_numeric(shapes["bytes"], errors="coerce").to_numpy(float), nan=0.0)
-    multi = shapes["aten_op"].astype(str).str.startswith("aten::_foreach_").to_numpy()
-    has_work = ((fl > 0) | (by > 0)) & ~multi
+    has_work = roofline_scored(shapes)
     ok = np.isfinite(pred) & has_work
     method = f"{len(folds)}-fold over distinct shapes"
     errors["kernel"] = error_stat(pred[ok], t[ok], method)
@@ -264,67 +287,104 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
     return cat(micro), cat(train)
 
 
-def _series_points(points: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
-    agg = points.groupby(["domain", "kind", "group_size", "bytes"], as_index=False)["time_s"].median()
-    return {(d, k, int(n)): g.sort_values("bytes") for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
+def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
+    """Median time per (domain, kind, group size, bytes, source), grouped by series."""
+    parts = [d.assign(bench=flag) for d, flag in ((micro, True), (train, False)) if not d.empty]
+    pts = pd.concat(parts, ignore_index=True)
+    agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench"], as_index=False)["time_s"].median()
+    return {(d, k, int(n)): g.sort_values("bytes").reset_index(drop=True)
+            for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
 
 
 def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, opts: FitOptions
                 ) -> tuple[CollectiveModel, dict[str, ErrorStat], list[str]]:
-    source = micro if not micro.empty else train
-    series_pts = _series_points(source)
+    """Series per (domain, kind, group size) from microbenchmarks and training collectives together
+    (each source with its own latency, see calib.models.network.Series); k-fold over message sizes
+    (a held-out size is held out from both sources); the ASTRA-sim fit per domain."""
+    series_pts = _series_points(micro, train)
     model = CollectiveModel(gpus_per_node=gpus_per_node)
     skipped: list[str] = []
-    cv_pred, cv_meas, cv_size = [], [], []
+    fits: dict[tuple[str, str, int], pd.DataFrame] = {}
     for (dom, kind, n), g in series_pts.items():
-        s, t = g["bytes"].to_numpy(float), g["time_s"].to_numpy(float)
-        if len(s) < MIN_SERIES_POINTS:
-            skipped.append(f"{dom}/{kind}/{n} ({len(s)} size(s))")
-            continue
-        model.series[model.key(dom, kind, n)] = Series.fit(dom, kind, n, s, t)
-        if len(s) >= MIN_SERIES_POINTS + 1:
-            folds = kfold_indices(len(s), opts.folds)
-            pred = cross_validate(
-                len(s), folds, lambda tr, te, s=s, t=t, d=dom, k=kind, n=n: Series.fit(d, k, n, s[tr], t[tr]).predict(s[te])
-            )
-            ok = np.isfinite(pred)
-            cv_pred.append(pred[ok])
-            cv_meas.append(t[ok])
-            cv_size.append(s[ok])
+        try:
+            model.series[model.key(dom, kind, n)] = Series.fit(
+                dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["bench"].to_numpy(bool))
+            fits[(dom, kind, n)] = g
+        except CalibError:
+            skipped.append(f"{dom}/{kind}/{n} ({g['bytes'].nunique()} size(s))")
     if not model.series:
         raise CalibError(
             f"network model: too few message sizes to fit any collective (need {MIN_SERIES_POINTS} per kind and "
             f"group size; have {', '.join(skipped) or 'none'})"
         )
+    model.set_bench_floor()
+    rows = []
+    for (dom, kind, n), g in fits.items():
+        sizes = np.unique(g["bytes"].to_numpy(float))
+        if len(sizes) < MIN_SERIES_POINTS + 1:
+            continue
+        for fold in kfold_indices(len(sizes), opts.folds):
+            test = g["bytes"].isin(sizes[fold]).to_numpy()
+            tr = g[~test]
+            try:
+                ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
+                                 bench=tr["bench"].to_numpy(bool))
+            except CalibError:
+                continue
+            te = g[test]
+            for bench in (True, False):
+                part = te[te["bench"] == bench]
+                if part.empty:
+                    continue
+                alpha = None if bench else model.alpha_for(ser)
+                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=alpha)
+                rows.append(pd.DataFrame({"pred": p, "meas": part["time_s"].to_numpy(float),
+                                          "bytes": part["bytes"].to_numpy(float), "bench": bench}))
     errors: dict[str, ErrorStat] = {}
-    if cv_pred:
-        p, m, s = np.concatenate(cv_pred), np.concatenate(cv_meas), np.concatenate(cv_size)
+    if rows:
+        cv = pd.concat(rows, ignore_index=True)
         method = f"{opts.folds}-fold over message sizes within each kind and group size"
-        errors["network"] = error_stat(p[s >= MIB], m[s >= MIB], method + ", sizes >= 1 MiB")
-        errors["network.all_sizes"] = error_stat(p, m, method + ", all sizes")
-    if not micro.empty and not train.empty:
-        try:
-            pred = np.concatenate([
-                model.predict(k, int(n), np.asarray([b]), domain=d)
-                for d, k, n, b in train[["domain", "kind", "group_size", "bytes"]].itertuples(index=False)
-            ])
-            errors["network.training_transfer"] = error_stat(
-                pred, train["time_s"].to_numpy(float), "microbenchmark fit checked on training collectives' transfer part"
-            )
-        except CalibError:
-            pass
+        big = cv["bytes"] >= MIB
+        errors["network"] = error_stat(cv["pred"][big], cv["meas"][big], method + ", sizes >= 1 MiB")
+        errors["network.all_sizes"] = error_stat(cv["pred"], cv["meas"], method + ", all sizes")
+        for bench, name, what in ((False, "trace", "collectives in profiled training steps"),
+                                  (True, "bench", "collective microbenchmarks")):
+            sel = big & (cv["bench"] == bench)
+            if sel.any():
+                errors[f"network.{name}"] = error_stat(cv["pred"][sel], cv["meas"][sel], f"{method}, sizes >= 1 MiB, {what}")
     for dom in model.domains():
-        pts = [(s.kind, s.group_size, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float))
-               for (d, k, n), g in series_pts.items() if d == dom
-               for s in [model.series.get(model.key(d, k, n))] if s is not None]
+        # Fit ASTRA-sim's closed forms to the collective model's in-training times at the measured
+        # sizes; judge them against the measured training transfers where there are some.
+        pts = []
+        for (d, k, n), g in fits.items():
+            if d != dom:
+                continue
+            sizes = np.unique(g["bytes"].to_numpy(float))
+            pts.append((k, n, sizes, np.asarray(model.predict(k, n, sizes, domain=d), dtype=float)))
         try:
-            fit = fit_astra(dom, pts)
+            fit = fit_astra(dom, pts, target="the collective model at the measured sizes")
         except CalibError as exc:
             skipped.append(f"ASTRA-sim {dom}: {exc}")
             continue
         model.astra[dom] = fit
         errors[f"network.astra_sim.{dom}"] = ErrorStat.from_dict(fit.error_1mib)
         errors[f"network.astra_sim.{dom}.all_sizes"] = ErrorStat.from_dict(fit.error_all)
+        measured = [(k, n, g[~g["bench"]]) for (d, k, n), g in fits.items() if d == dom]
+        p_all, m_all, s_all = [], [], []
+        for k, n, g in measured:
+            if g.empty or k not in (*ASTRA_KINDS, "sendrecv"):
+                continue
+            s_ = g["bytes"].to_numpy(float)
+            p_all.append(astra_collective_time_s(k, n, s_, fit.bandwidth_gbps, fit.latency_ns, fit.implementation.get(k, "ring"),
+                                                 fit.endpoint_delay_ns))
+            m_all.append(g["time_s"].to_numpy(float))
+            s_all.append(s_)
+        if p_all:
+            p_, m_, s_ = np.concatenate(p_all), np.concatenate(m_all), np.concatenate(s_all)
+            big = s_ >= MIB
+            if big.any():
+                errors[f"network.astra_sim.{dom}.vs_training"] = error_stat(
+                    p_[big], m_[big], "ASTRA-sim parameters against measured training collectives, sizes >= 1 MiB")
     return model, errors, skipped
 
 
@@ -349,7 +409,9 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
     if not points:
         return None, {}, used, skipped
     max_clock = peaks.max_sm_clock_hz if peaks else float("nan")
-    model = PowerModel.fit(points, idle, max_clock)
+    limits = [b.manifest.gpu.power_limit_w for b in bundles if b.id in used and b.manifest.gpu.power_limit_w > 0]
+    limit = float(min(limits)) if limits else float("nan")
+    model = PowerModel.fit(points, idle, max_clock, power_limit_w=limit)
     configs = [p.config for p in points]
     errors: dict[str, ErrorStat] = {}
     folds = group_folds(configs)
@@ -360,7 +422,7 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
         for c in uniq:
             train = [p for p in points if p.config != c]
             try:
-                m = PowerModel.fit(train, idle, max_clock, min_points=min(4, len(train)))
+                m = PowerModel.fit(train, idle, max_clock, min_points=min(4, len(train)), power_limit_w=limit)
             except CalibError:
                 pred.append(np.nan)
                 continue
@@ -404,10 +466,9 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         cal.kernel = kmodel.to_dict()
         cal.errors.update(kerr)
         prov["kernel.peaks"] = f"configured: {peaks.source}"
-        for cls_key in kmodel.groups_:
-            prov[f"kernel.classes.{cls_key}"] = f"calibrated: {_ids(kb)}"
-        for c_key in kmodel.constants_:
-            prov[f"kernel.constants_s.{c_key}"] = f"calibrated: {_ids(kb)}"
+        prov["kernel.classes"] = f"calibrated: {len(kmodel.groups_)} curves ({_short(list(kmodel.groups_), 6, 'curves')}) from {_ids(kb)}"
+        if kmodel.constants_:
+            prov["kernel.constants_s"] = f"calibrated: {len(kmodel.constants_)} measured medians from {_ids(kb)}"
         for c in OP_CLASSES:
             if c not in kmodel.groups_ and not any(k.startswith(c) for k in kmodel.constants_):
                 prov[f"kernel.classes.{c}"] = "not calibrated: predicted with a related class (no kernels of its own)"
@@ -422,11 +483,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         if skipped:
             cal.network["skipped"] = skipped
         cal.errors.update(nerr)
-        src = sorted(set((micro if not micro.empty else train)["bundle"]))
-        for key in nmodel.series:
-            prov[f"network.series.{key}"] = f"calibrated: {', '.join(src)}"
+        src = sorted(set(pd.concat([d for d in (micro, train) if not d.empty])["bundle"]))
+        prov["network.series"] = f"calibrated: {len(nmodel.series)} series ({_short(list(nmodel.series), 6, 'series')}) from {_short(src)}"
         for dom in nmodel.astra:
-            prov[f"network.astra_sim.{dom}"] = f"calibrated: {', '.join(src)}"
+            prov[f"network.astra_sim.{dom}"] = f"calibrated: {_short(src)}"
             prov[f"network.astra_sim.{dom}.endpoint_delay_ns"] = ASTRA_ENDPOINT_SOURCE
         if "inter" not in nmodel.astra:
             prov["network.astra_sim.inter"] = "not calibrated: no bundle measured collectives across nodes"
@@ -439,7 +499,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         if pskipped:
             cal.power["skipped"] = pskipped
         cal.errors.update(perr)
-        ids = ", ".join(pused)
+        ids = _short(pused)
         prov["power.power_by_activity_w"] = f"calibrated: {ids}"
         prov["power.peak_power_w"] = f"calibrated: {ids}"
         prov["power.throttle_factor"] = f"calibrated: {ids}"

@@ -55,7 +55,7 @@ def projection_table(r: ProjectionResult) -> Table:
     t.add_row("peak memory per GPU", f"{r.memory_gib_per_gpu:.1f} GiB of {r.memory_detail_gib['capacity']:.1f} ({verdict})")
     t.add_row("energy per step", "n/a" if r.energy_j_per_step is None else f"{r.energy_j_per_step / 1e6:.3f} MJ")
     t.add_row("average power per GPU", "n/a" if r.avg_power_w is None else f"{r.avg_power_w:.0f} W")
-    t.add_row("peak power per GPU", "n/a" if r.peak_power_w is None else f"{r.peak_power_w:.0f} W")
+    t.add_row("peak power per GPU (highest measured reading)", "n/a" if r.peak_power_w is None else f"{r.peak_power_w:.0f} W")
     return t
 
 

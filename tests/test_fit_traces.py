@@ -14,7 +14,14 @@ from conftest import TRACES
 
 from calib.bundle.io import load_bundles
 from calib.calibration import Calibration
-from calib.fit import FitOptions, collective_points, fit_calibration, fit_kernels, kernel_rows
+from calib.fit import (
+    FitOptions,
+    collective_points,
+    fit_calibration,
+    fit_kernels,
+    kernel_rows,
+    roofline_scored,
+)
 from calib.models.kernel import KernelModel, shape_table
 from calib.models.network import Series
 from calib.models.peaks import PEAKS, peaks_for_gpu
@@ -36,8 +43,10 @@ def fitted(request: pytest.FixtureRequest) -> tuple[list, Calibration]:
 
 def test_round_trip_of_real_calibration(fitted: tuple[list, Calibration], tmp_path: Path) -> None:
     _, cal = fitted
+    from test_calibration import _same
+
     again = Calibration.load(cal.save(tmp_path / "cal.yaml"))
-    assert again.to_dict() == cal.to_dict()
+    assert _same(again.to_dict(), cal.to_dict())
     assert all(v.startswith(("calibrated", "configured", "not calibrated")) for v in again.provenance.values())
 
 
@@ -47,11 +56,14 @@ def test_kernel_half_split_within_reported_error(fitted: tuple[list, Calibration
         pytest.skip("no kernels in these bundles")
     rows, _ = kernel_rows(bundles)
     shapes, t, _ = shape_table(rows)
+    scored = roofline_scored(shapes)
+    shapes, t = shapes[scored].reset_index(drop=True), t[scored]
+    # Another random split than the fit's folds: fit on 80% of the shapes, predict the other 20%.
     order = np.random.default_rng(7).permutation(len(t))
-    a, b = order[::2], order[1::2]
+    cut = int(0.8 * len(t))
+    a, b = order[:cut], order[cut:]
     model = KernelModel(peaks=peaks_for_gpu(cal.gpu)).fit(shapes.iloc[a], t[a])
     rel = np.abs(model.predict(shapes.iloc[b]) - t[b]) / t[b]
-    # Half the data is less than 4/5 of it (5-fold), so allow 1.5x the reported MAPE plus 2 points.
     assert 100 * rel.mean() <= 1.5 * cal.errors["kernel"].mape + 2.0
 
 
@@ -92,7 +104,7 @@ def test_real_sample_kernels_cross_validate(samples: Path) -> None:
     rows = convert_traces({0: d / "host.0.json.gz"}, {0: d / "device.0.json.gz"}).kernels
     rows = rows[rows["op_class"].isin(["gemm", "attention", "memory", "other"]) & (rows["time_s"] > 0)]
     model, errors = fit_kernels(rows, PEAKS["H200"], FitOptions())
-    assert errors["kernel"].count == len(shape_table(rows)[0])
+    assert errors["kernel"].count == int(roofline_scored(shape_table(rows)[0]).sum())
     gemm = rows[rows["op_class"] == "gemm"]
     shapes, t, _ = shape_table(gemm)
     rel = np.abs(model.predict(shapes) - t) / t

@@ -326,11 +326,22 @@ def _checked_group(name: str, g: dict) -> dict:
     return g
 
 
+def _with_shape_columns(df: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in SHAPE_COLUMNS if c not in df.columns]
+    if not missing:
+        return df
+    df = df.copy()
+    for col in missing:
+        df[col] = "" if col in ("op_class", "aten_op", "dtype", "source") else np.nan
+    return df
+
+
 def shape_keys(df: pd.DataFrame) -> pd.Series:
     """One string per row naming its shape (the SHAPE_COLUMNS values); rows of one shape share it."""
-    keys = df[SHAPE_COLUMNS[0]].map(str) if SHAPE_COLUMNS[0] in df.columns else pd.Series("", index=df.index)
+    df = _with_shape_columns(df)
+    keys = df[SHAPE_COLUMNS[0]].map(str)
     for col in SHAPE_COLUMNS[1:]:
-        keys = keys + "|" + (df[col].map(str) if col in df.columns else "nan")
+        keys = keys + "|" + df[col].map(str)
     return keys
 
 
@@ -340,10 +351,7 @@ def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nda
     Held-out errors are computed over shapes, so the same GEMM seen 200 times counts once and a
     fold never holds a shape that its training part also saw.
     """
-    df = kernels.copy()
-    for col in SHAPE_COLUMNS:
-        if col not in df.columns:
-            df[col] = np.nan if col not in ("op_class", "aten_op", "dtype", "source") else ""
+    df = _with_shape_columns(kernels)
     df = df.assign(_key=shape_keys(df).to_numpy())
     agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))
     first = df.drop_duplicates("_key").set_index("_key").loc[agg.index, SHAPE_COLUMNS]

@@ -220,7 +220,7 @@ class AstraFit:
 
 
 def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]],
-              endpoint_delay_ns: float = DEFAULT_ENDPOINT_DELAY_NS) -> AstraFit:
+              endpoint_delay_ns: float = DEFAULT_ENDPOINT_DELAY_NS, target: str = "the measurements") -> AstraFit:
     """Closest (bandwidth, latency, implementation per kind) for one Switch dimension.
 
     Points are (kind, n, bytes, measured seconds) series. For each combination of implementations,
@@ -265,8 +265,8 @@ def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]]
     bw_gbps = bytes_per_s_to_astra_bw_gbps(1e9 / inv_bp)
     return AstraFit(
         domain, float(bw_gbps), lat, endpoint_delay_ns, {k: impl.get(k, "ring") for k in ASTRA_KINDS}, "Switch",
-        error_stat(pred, tm, "in-sample, 2 parameters").to_dict(),
-        error_stat(pred[big], tm[big], "in-sample, 2 parameters, sizes >= 1 MiB").to_dict(),
+        error_stat(pred, tm, f"in-sample, 2 parameters, against {target}").to_dict(),
+        error_stat(pred[big], tm[big], f"in-sample, 2 parameters, against {target}, sizes >= 1 MiB").to_dict(),
     )
 
 
@@ -285,6 +285,9 @@ class CollectiveModel:
             both = [s.alpha_bench_s - s.alpha_s for s in self.series.values()
                     if s.domain == dom and s.has_trace and np.isfinite(s.alpha_bench_s)]
             self.bench_floor_s[dom] = float(np.median(both)) if both else 0.0
+        for s in self.series.values():  # microbenchmark-only series: their in-training latency
+            if not s.has_trace:
+                s.alpha_s = max(0.0, s.alpha_bench_s - self.bench_floor_s.get(s.domain, 0.0))
 
     @staticmethod
     def key(domain: str, kind: str, n: int) -> str:

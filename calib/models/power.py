@@ -160,13 +160,17 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
 
 
 def _rank_to_gpu(bundle, gpu_count: int | None) -> dict[int, list[int]]:
-    """Ranks on each local GPU: rank r runs on GPU r mod (GPUs per host), as torchrun places them."""
+    """Ranks on each GPU as telemetry numbers it. The manifest's notes.physical_gpus lists the
+    device each local rank used (telemetry's `gpu`); without it, rank r runs on GPU r mod the
+    GPUs per host, as torchrun places them."""
     m = bundle.manifest
     world = m.spec.tp * m.spec.pp * m.spec.dp if m.spec else 1
-    per_host = gpu_count or m.gpu.count or world
+    phys = list((m.notes or {}).get("physical_gpus") or [])
+    per_host = len(phys) or gpu_count or m.gpu.count or world
     out: dict[int, list[int]] = {}
     for r in range(min(world, per_host)):
-        out.setdefault(r % per_host, []).append(r)
+        local = r % per_host
+        out.setdefault(int(phys[local]) if phys else local, []).append(r)
     return out
 
 
@@ -189,8 +193,8 @@ def _shares_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[in
                       collectives: pd.DataFrame | None = None) -> dict | None:
     """Mean activity shares of these ranks over their profiled steps.
 
-    The profiled step's wall time comes from steps.parquet (the profiled rows, else every row of
-    the rank); kernels are grouped by their own `step` value. Collectives recorded in
+    Kernels are grouped by their own `step` value; each group's busy time is divided by the
+    rank's median unprofiled step time. Collectives recorded in
     collectives.parquet (no start times there) fill the time no compute/memory kernel covers,
     up to their summed duration per step: comm kernels run while the compute stream waits.
     """
@@ -201,16 +205,16 @@ def _shares_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[in
         if kr.empty:
             continue
         srow = steps[steps["rank"] == r]
-        prof = srow[srow["step"].isin(profiled)] if profiled else srow.iloc[0:0]
-        span_default = float((prof if not prof.empty else srow)["time_s"].median())
+        # Shares of the measured (unprofiled) step: the profiler slows the step it records, adding
+        # host-side gaps, not GPU work, so kernel time is divided by the unprofiled step time.
+        plain = srow[~srow["step"].isin(profiled)] if profiled else srow
+        span = float((plain if not plain.empty else srow)["time_s"].median())
         groups = list(kr.groupby("step"))
         comm_per_step = 0.0
         if collectives is not None and not collectives.empty and "rank" in collectives.columns:
             cr = collectives[collectives["rank"] == r]
             comm_per_step = float(pd.to_numeric(cr["time_s"], errors="coerce").fillna(0).sum()) / max(len(groups), 1)
-        for step, ks in groups:
-            exact = srow[srow["step"] == step]
-            span = float(exact["time_s"].iloc[0]) if not exact.empty and step in profiled else span_default
+        for _, ks in groups:
             st = ks["start_s"].to_numpy(float)
             en = st + ks["time_s"].to_numpy(float)
             acts = [activity_of(c, nm) for c, nm in zip(ks["op_class"], ks["name"], strict=True)]
@@ -238,6 +242,7 @@ class PowerModel:
     max_sm_clock_hz: float = float("nan")
     clock_reasons: dict[str, float] = field(default_factory=dict)
     count: int = 0
+    power_limit_w: float = float("nan")  # the GPUs' enforced limit (manifest gpu.power_limit_w)
 
     def power_w(self, shares: dict[str, float]) -> float:
         unknown = set(shares) - set(ACTIVITIES)
@@ -246,7 +251,8 @@ class PowerModel:
         total = sum(shares.values())
         if not total > 0:
             raise CalibError("power model: activity shares sum to zero")
-        return float(sum(self.power_by_activity_w[a] * shares.get(a, 0.0) for a in ACTIVITIES) / total)
+        p = float(sum(self.power_by_activity_w[a] * shares.get(a, 0.0) for a in ACTIVITIES) / total)
+        return min(p, self.power_limit_w) if np.isfinite(self.power_limit_w) and self.power_limit_w > 0 else p
 
     def energy_j(self, step_time_s: float, shares: dict[str, float]) -> float:
         """Energy of one GPU over one step of step_time_s with these activity shares."""
@@ -254,8 +260,8 @@ class PowerModel:
 
     @classmethod
     def fit(cls, points: list[PowerPoint], idle_w: list[float] | None = None, max_sm_clock_hz: float = float("nan"),
-            min_points: int = 4) -> PowerModel:
-        from scipy.optimize import nnls
+            min_points: int = 4, power_limit_w: float = float("nan")) -> PowerModel:
+        from scipy.optimize import lsq_linear
 
         if len(points) < min_points:
             raise CalibError(f"power model: {len(points)} GPU window(s) with telemetry, need at least {min_points}")
@@ -267,8 +273,10 @@ class PowerModel:
             a = np.vstack([a, [0.0, 0.0, 0.0, 1.0]])
             y = np.append(y, float(np.median(idle_w)))
             w = np.append(w, 1.0)
-        # Relative error: divide each row by its measured power.
-        sol, _ = nnls(a * (w / y)[:, None], w)
+        # Relative error (each row divided by its measured power); every activity's power lies
+        # between 0 and the GPU's power limit (the firmware caps the average there).
+        cap = power_limit_w if np.isfinite(power_limit_w) and power_limit_w > 0 else np.inf
+        sol = lsq_linear(a * (w / y)[:, None], w, bounds=(0.0, cap)).x
         pw = {c: float(v) for c, v in zip(ACTIVITIES, sol, strict=True)}
         peak = float(np.nanmax([p.peak_power_w for p in points]))
         clocks = np.array([p.sm_clock_load_hz for p in points], dtype=float)
@@ -281,7 +289,8 @@ class PowerModel:
         for p in points:
             for k, v in p.reasons.items():
                 reasons[k] = reasons.get(k, 0.0) + v / len(points)
-        return cls(pw, peak, factor, sm_load, mx, {k: round(v, 4) for k, v in reasons.items()}, len(points))
+        return cls(pw, peak, factor, sm_load, mx, {k: round(v, 4) for k, v in reasons.items()}, len(points),
+                   float(power_limit_w))
 
     def to_dict(self) -> dict:
         return {
@@ -293,6 +302,7 @@ class PowerModel:
             "max_sm_clock_hz": self.max_sm_clock_hz,
             "clock_reasons_fraction": dict(self.clock_reasons),
             "count": self.count,
+            "power_limit_w": self.power_limit_w,
         }
 
     @classmethod
@@ -302,4 +312,5 @@ class PowerModel:
             float(d.get("peak_power_w", float("nan"))), float(d.get("throttle_factor", 1.0)),
             float(d.get("sm_clock_load_hz", float("nan"))), float(d.get("max_sm_clock_hz", float("nan"))),
             {str(k): float(v) for k, v in (d.get("clock_reasons_fraction") or {}).items()}, int(d.get("count", 0)),
+            float(d.get("power_limit_w", float("nan"))),
         )

@@ -337,6 +337,8 @@ class _StepContext:
         for p in range(par.pp):
             local, shard = self._optimizer_params(p)
             templates[f"optimizer{p}"] = O.optimizer_ops(local, shard, par.dtype)
+            if par.dp > 1:  # megatron DDP scales the fp32 gradient buffer by 1/DP before reducing it
+                templates[f"grad_scale{p}"] = [O.memop(f"dp.grad_scale.stage{p}", 8 * local, "fp32", "aten::mul_", local)]
 
         ops = [it for items in templates.values() for it in items if isinstance(it, O.Op)]
         unique = list(dict.fromkeys(ops))
@@ -444,6 +446,9 @@ class _Stage:
                 b.wait(it.name)
 
     def _grad_reduce(self, bk: Bucket, asynchronous: bool) -> None:
+        key = f"grad_scale{self.p}"
+        if key in self.ctx.compiled and key not in self.replayed:
+            self._replay(key, "dp")
         lids, dense, expert = bk
         if self.par.ep == 1:  # experts replicated like dense weights: one reduction over DP
             dense, expert = dense + expert, 0.0

@@ -155,13 +155,16 @@ def shapes(model: ModelSpec, par: ParallelConfig) -> Shapes:
 
 
 def _norm(name: str, model: ModelSpec, sh: Shapes, backward: bool = False) -> list[Op]:
-    """A norm over the local tokens; its backward runs two kernels (input and weight gradients)."""
+    """A norm over the local tokens; its backward runs two kernels (input and weight gradients) and
+    adds the weight gradients into their main_grad."""
     aten = "aten::native_layer_norm" if model.norm == "layernorm" else "aten::_fused_rms_norm"
     n = sh.local_tokens * sh.h
     if not backward:
         return [memop(name, 2 * n * sh.e, sh.dtype, aten, 5.0 * n)]
+    weights = [sh.h] * (2 if model.norm == "layernorm" else 1)
     return [memop(f"{name}.dx", 3 * n * sh.e, sh.dtype, aten + "_backward", 5.0 * n),
-            memop(f"{name}.dw", 3 * n * sh.e, sh.dtype, aten + "_backward", 2.0 * n)]
+            memop(f"{name}.dw", 3 * n * sh.e, sh.dtype, aten + "_backward", 2.0 * n),
+            *main_grad_accumulation(weights, name, sh.dtype)]
 
 
 def _bias(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
@@ -192,29 +195,44 @@ def _leave_block(name: str, sh: Shapes) -> list[Item]:
     return [Coll(name, kind, sh.act_bytes, "tp")]
 
 
-def _rope(tag: str, sh: Shapes) -> list[Op]:
-    """megatron's unfused rotary embedding on Q and K: t*cos + rotate_half(t)*sin, rotate_half =
-    cat(-x2, x1), then cat with the (empty) pass-through part."""
+def _rope(tag: str, sh: Shapes, backward: bool = False) -> list[Op]:
+    """megatron's unfused rotary embedding on Q and K: cos and sin of the frequencies (computed in
+    fp32 and cast, per tensor), t*cos + rotate_half(t)*sin with rotate_half = cat(-x2, x1), then cat
+    with the (empty) pass-through part. Backward: the two products, the rotation, and the gradient
+    accumulated into a zeroed buffer."""
     out: list[Op] = []
+    freq = 2 * sh.s * sh.d * 4  # the [s, 1, 1, d] fp32 frequencies read and written
     for which, heads in (("q", sh.heads), ("k", sh.kv // sh.d)):
         x = sh.tokens * heads * sh.d * sh.e
         n = x // sh.e
-        out += [memop(f"{tag}.{which}.cos", 2 * x, sh.dtype, "aten::mul", n),
+        if not backward:
+            for f in ("cos", "sin"):
+                out += [memop(f"{tag}.{which}.{f}", freq, "fp32", f"aten::{f}"),
+                        memop(f"{tag}.{which}.{f}.scale", freq, "fp32", "aten::mul"),
+                        memop(f"{tag}.{which}.{f}.cast", freq, sh.dtype, "aten::copy_")]
+        out += [memop(f"{tag}.{which}.mul_cos", 2 * x, sh.dtype, "aten::mul", n),
                 memop(f"{tag}.{which}.neg", x, sh.dtype, "aten::neg", n / 2),
                 memop(f"{tag}.{which}.rotate", 2 * x, sh.dtype, "aten::cat"),
-                memop(f"{tag}.{which}.sin", 2 * x, sh.dtype, "aten::mul", n),
-                memop(f"{tag}.{which}.add", 3 * x, sh.dtype, "aten::add", n),
-                memop(f"{tag}.{which}.cat", 2 * x, sh.dtype, "aten::cat")]
+                memop(f"{tag}.{which}.mul_sin", 2 * x, sh.dtype, "aten::mul", n)]
+        if backward:
+            out += [memop(f"{tag}.{which}.add", 3 * x, sh.dtype, "aten::add_", n),
+                    memop(f"{tag}.{which}.zero", 2 * x, sh.dtype, "aten::fill_"),
+                    memop(f"{tag}.{which}.accumulate", 3 * x, sh.dtype, "aten::add_", n)]
+        else:
+            out += [memop(f"{tag}.{which}.add", 3 * x, sh.dtype, "aten::add", n),
+                    memop(f"{tag}.{which}.cat", 2 * x, sh.dtype, "aten::cat")]
     return out
 
 
 def _gqa_expand(tag: str, sh: Shapes, backward: bool = False) -> list[Op]:
-    """K and V repeated from kv_groups to the query heads (repeat_interleave; backward sums them)."""
+    """K and V repeated from kv_groups to the query heads (an expand made contiguous: a copy_ into
+    the new tensor); backward sums the repeats."""
     if not sh.gqa:
         return []
-    b = sh.tokens * (sh.kv + sh.heads * sh.d) * sh.e  # one of K, V: kv_groups/TP heads in, heads/TP out
-    aten = "aten::sum" if backward else "aten::repeat_interleave"
-    return [memop(f"{tag}.{w}", b, sh.dtype, aten) for w in ("k", "v")]
+    out = sh.tokens * sh.heads * sh.d * sh.e
+    if backward:
+        return [memop(f"{tag}.{w}", out + sh.tokens * sh.kv * sh.e, sh.dtype, "aten::sum") for w in ("k", "v")]
+    return [memop(f"{tag}.{w}", 3 * out, sh.dtype, "aten::copy_") for w in ("k", "v")]
 
 
 def attention_core_fwd(sh: Shapes, tag: str) -> list[Item]:
@@ -239,6 +257,8 @@ def attention_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     items += _enter_block("attn.ag", sh)
     items.append(gemm("attn.qkv", T, sh.qkv, sh.h, sh.dtype))
     items += _bias("attn.qkv.bias", T, sh.qkv, sh)
+    if not sh.bias:  # the QKV output made contiguous for the split (the bias add writes a new tensor)
+        items.append(memop("attn.qkv.contiguous", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::copy_"))
     if sh.rope:
         items += _rope("attn.rope", sh)
     items += _gqa_expand("attn.gqa", sh)
@@ -256,6 +276,7 @@ def _mlp_body_fwd(model: ModelSpec, sh: Shapes, tokens: int, tag: str) -> list[I
     n = tokens * sh.f
     if model.activation == "swiglu":
         items += [memop(f"{tag}.silu", 2 * n * sh.e, sh.dtype, "aten::silu", 4.0 * n),
+                  memop(f"{tag}.silu.add", 2 * n * sh.e, sh.dtype, "aten::add", n),
                   memop(f"{tag}.gate", 3 * n * sh.e, sh.dtype, "aten::mul", n)]
     else:
         items.append(memop(f"{tag}.gelu", 2 * n * sh.e, sh.dtype, "aten::gelu", 8.0 * n))
@@ -271,11 +292,34 @@ def moe_tokens(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> tuple[int, 
     return routed, max(per_expert, 1) if local_experts else 0
 
 
+MOE_ROUTING_SMALL_KERNELS = 45  # top-k, softmax, scatter, aux-loss sums, token counts and sort (a profiled step)
+
+
 def _router(model: ModelSpec, sh: Shapes) -> list[Op]:
+    """Router GEMM, then megatron's routing bookkeeping: dozens of tiny kernels over tokens x experts."""
     n = sh.local_tokens * model.experts
+    small = memop("moe.router.bookkeeping", 8 * n, "fp32", "aten::copy_")
     return [gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype),
             memop("moe.router.softmax", 8 * n, "fp32", "aten::_softmax", 5.0 * n),
-            memop("moe.router.topk", 4 * n + 12 * sh.local_tokens * model.top_k, "fp32", "aten::topk")]
+            memop("moe.router.topk", 4 * n + 12 * sh.local_tokens * model.top_k, "fp32", "aten::topk"),
+            *[small] * MOE_ROUTING_SMALL_KERNELS]
+
+
+def _permute(sh: Shapes, routed: int) -> list[Op]:
+    """Tokens gathered into expert order (alltoall dispatcher): gather with int64 indices, then cat."""
+    x = routed * sh.h * sh.e
+    return [memop("moe.permute.gather", x + sh.local_tokens * sh.h * sh.e + routed * sh.h * 8, sh.dtype,
+                  "aten::gather"),
+            memop("moe.permute.cat", 2 * x, sh.dtype, "aten::cat")]
+
+
+def _unpermute(sh: Shapes, routed: int) -> list[Op]:
+    """Expert outputs back to token order: two cats, a zeroed output and a scatter-add."""
+    x = routed * sh.h * sh.e
+    return [memop("moe.unpermute.cat", 2 * x, sh.dtype, "aten::cat"),
+            memop("moe.unpermute.cat2", 2 * x, sh.dtype, "aten::cat"),
+            memop("moe.unpermute.zero", 2 * sh.local_tokens * sh.h * sh.e, sh.dtype, "aten::fill_"),
+            memop("moe.unpermute.scatter_add", 6 * x, sh.dtype, "aten::scatter_add_", routed * sh.h)]
 
 
 def mlp_fwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
@@ -288,18 +332,20 @@ def mlp_fwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
     else:
         routed, per_expert = moe_tokens(model, par, sh)
         items += _router(model, sh)
-        items.append(memop("moe.permute", 2 * routed * sh.h * sh.e, sh.dtype, "aten::index_select"))
+        items += _permute(sh, routed)
         if par.ep > 1:
             items.append(Coll("moe.dispatch", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
         if sh.t > 1:
             items.append(Coll("moe.tp_ag", CommType.ALL_GATHER, routed * sh.h * sh.e, "tp"))
         for x in range(model.experts // par.ep):
             items += _mlp_body_fwd(model, sh, per_expert, f"moe.expert{x}")
+            n = per_expert * sh.f  # the expert's activation scaled (a further elementwise pass)
+            items.insert(-1, memop(f"moe.expert{x}.scale", 2 * n * sh.e, sh.dtype, "aten::mul", n))
         if sh.t > 1:
             items.append(Coll("moe.tp_rs", CommType.REDUCE_SCATTER, routed * sh.t * sh.h * sh.e, "tp"))
         if par.ep > 1:
             items.append(Coll("moe.combine", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
-        items.append(memop("moe.unpermute", 3 * routed * sh.h * sh.e, sh.dtype, "aten::index_add"))
+        items += _unpermute(sh, routed)
     items.append(_residual("mlp.residual", sh))
     return items
 
@@ -313,9 +359,9 @@ def layer_fwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
 
 
 def _linear_bwd(tag: str, m: int, n: int, k: int, sh: Shapes, grad_comm: Coll | None,
-                regather: Coll | None = None) -> list[Item]:
+                regather: Coll | None = None, bias: bool = False) -> list[Item]:
     """Backward of y[m,n] = x[m,k] W^T (W stored [n,k]): input gradient (dgrad, m x k x n) then
-    weight gradient (wgrad, n x k x m).
+    weight gradient (wgrad, n x k x m), added into the fp32 main_grad (megatron DDP).
 
     Megatron starts the input-gradient collective asynchronously right after dgrad so that it
     overlaps wgrad; with SP the layer input is all-gathered again (also overlapped) for wgrad."""
@@ -328,6 +374,7 @@ def _linear_bwd(tag: str, m: int, n: int, k: int, sh: Shapes, grad_comm: Coll | 
     if regather is not None:
         items.append(Wait(regather.name))
     items.append(gemm(f"{tag}.wgrad", n, k, m, sh.dtype))
+    items += main_grad_accumulation([n * k] + ([n] if bias else []), tag, sh.dtype)
     if grad_comm is not None:
         items.append(Wait(grad_comm.name))
     return items
@@ -377,17 +424,17 @@ def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Ite
     T = sh.tokens
     items: list[Item] = list(_grad_in_block("attn.tp.bwd", sh))
     items += _bias_grad("attn.proj.bias.bwd", sh.local_tokens, sh.h, sh)
-    items += _linear_bwd("attn.proj", T, sh.h, sh.heads * sh.d, sh, None)
+    items += _linear_bwd("attn.proj", T, sh.h, sh.heads * sh.d, sh, None, bias=sh.bias)
     if par.recompute == "selective":  # megatron's selective recomputation: the core attention forward
         items += attention_core_fwd(sh, "attn.recompute")
     items += attention_core_bwd(sh, "attn")
     items += _gqa_expand("attn.gqa.bwd", sh, backward=True)
     if sh.rope:
-        items += _rope("attn.rope.bwd", sh)
+        items += _rope("attn.rope.bwd", sh, backward=True)
     items.append(memop("attn.qkv.cat", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::cat"))
     items += _bias_grad("attn.qkv.bias.bwd", T, sh.qkv, sh)
     items += _linear_bwd("attn.qkv", T, sh.qkv, sh.h, sh, _grad_out_block("attn.ag.bwd", sh),
-                         _regather("attn.ag.again", sh))
+                         _regather("attn.ag.again", sh), bias=sh.bias)
     items += _norm("attn.norm.bwd", model, sh, backward=True)
     items.append(_residual("attn.residual.bwd", sh, backward=True))
     return items
@@ -395,7 +442,7 @@ def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Ite
 
 def _mlp_body_bwd(model: ModelSpec, sh: Shapes, tokens: int, tag: str, grad_comm: Coll | None,
                   regather: Coll | None) -> list[Item]:
-    items = _linear_bwd(f"{tag}.fc2", tokens, sh.h, sh.f, sh, None)
+    items = _linear_bwd(f"{tag}.fc2", tokens, sh.h, sh.f, sh, None, bias=sh.bias)
     n = tokens * sh.f
     if model.activation == "swiglu":
         items += [memop(f"{tag}.gate.bwd.a", 3 * n * sh.e, sh.dtype, "aten::mul", n),
@@ -405,7 +452,7 @@ def _mlp_body_bwd(model: ModelSpec, sh: Shapes, tokens: int, tag: str, grad_comm
     else:
         items.append(memop(f"{tag}.gelu.bwd", 3 * n * sh.e, sh.dtype, "aten::gelu_backward", 10.0 * n))
     items += _bias_grad(f"{tag}.fc1.bias.bwd", tokens, sh.f1, sh)
-    items += _linear_bwd(f"{tag}.fc1", tokens, sh.f1, sh.h, sh, grad_comm, regather)
+    items += _linear_bwd(f"{tag}.fc1", tokens, sh.f1, sh.h, sh, grad_comm, regather, bias=sh.bias)
     return items
 
 
@@ -418,39 +465,32 @@ def mlp_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
                                _regather("mlp.ag.again", sh))
     else:
         routed, per_expert = moe_tokens(model, par, sh)
-        items.append(memop("moe.unpermute.bwd", 3 * routed * sh.h * sh.e, sh.dtype, "aten::index_select"))
+        x = routed * sh.h * sh.e
+        items += [memop("moe.unpermute.bwd.gather", x + sh.local_tokens * sh.h * sh.e + routed * sh.h * 8, sh.dtype,
+                        "aten::gather"),
+                  memop("moe.unpermute.bwd.split", 2 * x, sh.dtype, "aten::copy_"),
+                  memop("moe.unpermute.bwd.split2", 2 * x, sh.dtype, "aten::copy_")]
         if par.ep > 1:
             items.append(Coll("moe.combine.bwd", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
         if sh.t > 1:
             items.append(Coll("moe.tp_rs.bwd", CommType.ALL_GATHER, routed * sh.h * sh.e, "tp"))
         for x in range(model.experts // par.ep):
+            n = per_expert * sh.f
+            items.append(memop(f"moe.expert{x}.scale.bwd", 3 * n * sh.e, sh.dtype, "aten::mul", n))
             items += _mlp_body_bwd(model, sh, per_expert, f"moe.expert{x}", None, None)
         if sh.t > 1:
             items.append(Coll("moe.tp_ag.bwd", CommType.REDUCE_SCATTER, routed * sh.t * sh.h * sh.e, "tp"))
         if par.ep > 1:
             items.append(Coll("moe.dispatch.bwd", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
-        items.append(memop("moe.permute.bwd", 3 * routed * sh.h * sh.e, sh.dtype, "aten::index_add"))
+        items += [memop("moe.permute.bwd.zero", 2 * sh.local_tokens * sh.h * sh.e, sh.dtype, "aten::fill_"),
+                  memop("moe.permute.bwd.scatter_add", 6 * routed * sh.h * sh.e, sh.dtype, "aten::scatter_add_",
+                        routed * sh.h)]
         n = sh.local_tokens * model.experts
         items.append(memop("moe.router.softmax.bwd", 12 * n, "fp32", "aten::_softmax_backward_data", 3.0 * n))
         items += _linear_bwd("moe.router", sh.local_tokens, model.experts, sh.h, sh, None)
     items += _norm("mlp.norm.bwd", model, sh, backward=True)
     items.append(_residual("mlp.residual.bwd", sh, backward=True))
     return items
-
-
-def layer_param_tensors(model: ModelSpec, par: ParallelConfig) -> list[int]:
-    """Elements of each parameter tensor of one layer on one GPU (TP and EP shards)."""
-    sh = shapes(model, par)
-    norm = [sh.h] * (2 if model.norm == "layernorm" else 1)
-    out = norm + [sh.qkv * sh.h] + ([sh.qkv] if sh.bias else []) + [sh.h * sh.heads * sh.d]
-    out += [sh.h] if sh.bias else []
-    out += norm
-    mlp = [sh.f1 * sh.h] + ([sh.f1] if sh.bias else []) + [sh.h * sh.f] + ([sh.h] if sh.bias else [])
-    if model.is_moe:
-        out += [model.experts * sh.h] + mlp * (model.experts // par.ep)
-    else:
-        out += mlp
-    return out
 
 
 def main_grad_accumulation(tensors: list[int], tag: str, dtype: str) -> list[Op]:
@@ -465,8 +505,7 @@ def layer_bwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
     pre: list[Item] = []
     if par.recompute == "full":
         pre = [_renamed(i, "recompute.") for i in layer_fwd(model, par)]
-    grads = main_grad_accumulation(layer_param_tensors(model, par), "layer", par.dtype)
-    return pre + mlp_bwd(model, par, sh) + attention_bwd(model, par, sh) + grads
+    return pre + mlp_bwd(model, par, sh) + attention_bwd(model, par, sh)
 
 
 def _renamed(item: Item, prefix: str) -> Item:
@@ -544,8 +583,6 @@ def output_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     items += _linear_bwd("output.logits", T, v, sh.h, sh, _grad_out_block("output.ag.bwd", sh),
                          _regather("output.ag.again", sh))
     items += _norm("final.norm.bwd", model, sh, backward=True)
-    tensors = [v * sh.h] + [sh.h] * (2 if model.norm == "layernorm" else 1)
-    items += main_grad_accumulation(tensors, "output", sh.dtype)
     return items
 
 
