@@ -1,9 +1,9 @@
 """Fit-time benchmark: how long `calib fit` takes on the bundled traces (or the bundles given).
 
-    python benchmarks/bench_fit.py [BUNDLE_DIRS...]      # default: traces/h200
+    python benchmarks/bench_fit.py [--memory] [BUNDLE_DIRS...]      # default: traces/h200
 
-Prints wall seconds for reading the bundles and for each model's fit with its cross-validation,
-and the peak Python memory (tracemalloc) of the whole fit.
+Prints wall seconds for reading the bundles and for each model's fit with its cross-validation;
+with --memory also the peak Python memory (tracemalloc, which slows the run several-fold).
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def main(argv: list[str]) -> int:
     )
     from calib.models.peaks import peaks_for_gpu
 
-    paths = argv or [str(ROOT / "traces" / "h200")]
-    tracemalloc.start()
+    memory = "--memory" in argv
+    paths = [a for a in argv if a != "--memory"] or [str(ROOT / "traces" / "h200")]
+    if memory:
+        tracemalloc.start()
     t0 = time.perf_counter()
     bundles = select_bundles(load_bundles(paths), FitOptions())
     t_read = time.perf_counter() - t0
@@ -51,11 +53,11 @@ def main(argv: list[str]) -> int:
     fit_power(bundles, peaks)
     timings["power model (leave-one-configuration-out)"] = time.perf_counter() - t
     total = time.perf_counter() - t0
-    _, peak = tracemalloc.get_traced_memory()
     print(f"bundles: {len(bundles)} from {', '.join(paths)}")
     for name, sec in timings.items():
         print(f"  {name:60s} {sec:8.3f} s")
-    print(f"  {'total':60s} {total:8.3f} s   peak Python memory {peak / 2**20:.1f} MiB")
+    extra = f"   peak Python memory {tracemalloc.get_traced_memory()[1] / 2**20:.1f} MiB" if memory else ""
+    print(f"  {'total':60s} {total:8.3f} s{extra}")
     return 0
 
 

@@ -193,7 +193,10 @@ class Calibration:
         text = "# calib calibration file; format: docs/formats.md (Calibration file)\n"
         text += yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, width=110)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        umask = os.umask(0)
+        os.umask(umask)
         try:
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a calibration file is data to share
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
             os.replace(tmp, p)

@@ -39,10 +39,10 @@ def _root() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app, turning CalibError into one line on stderr and exit status 2."""
+    """Entry point: run the app, turning CalibError and usage errors into one line on stderr, exit status 2."""
     try:
         # Without standalone mode click returns typer.Exit's code instead of raising it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="calib", standalone_mode=False)
     except CalibError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -51,17 +51,47 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as exc:  # typer.Exit / click usage errors carry their own code
         return int(exc.code or 0)
-    except Exception as exc:  # noqa: BLE001 - a click usage error or a bug: still one line
-        import click
+    except Exception as exc:  # a click/typer usage error gets one line too; anything else is a bug
+        handled = _usage_error(exc)
+        if handled is None:
+            raise
+        return handled
+    return rc if isinstance(rc, int) else 0
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+
+def _click_exception_modules() -> list:
+    """click's exceptions, and typer's vendored copy of them (typer >= 0.2x raises its own classes)."""
+    import click.exceptions
+
+    mods = [click.exceptions]
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:
+        return mods
+    return [*mods, vendored]
+
+
+def _usage_error(exc: Exception) -> int | None:
+    """Print a usage error (missing option, bad integer, unknown command) as `error: ...`; its exit code."""
+    for mod in _click_exception_modules():
+        abort = getattr(mod, "Abort", None)
+        if abort is not None and isinstance(exc, abort):
             print("error: aborted", file=sys.stderr)
             return 1
-        raise
-    return rc if isinstance(rc, int) else 0
+        if not isinstance(exc, mod.ClickException):
+            continue
+        ctx = getattr(exc, "ctx", None)
+        no_args = getattr(mod, "NoArgsIsHelpError", None)
+        if no_args is not None and isinstance(exc, no_args) and ctx is not None:
+            print(ctx.get_help())  # `calib` or `calib trace` alone: the help, then why it is an error
+            print(f"error: {ctx.command_path} needs a command", file=sys.stderr)
+            return 2
+        msg = " ".join(exc.format_message().split())
+        if ctx is not None:
+            msg += f" (see: {ctx.command_path} --help)"
+        print(f"error: {msg}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 2) or 2)
+    return None
 
 
 if __name__ == "__main__":

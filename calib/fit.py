@@ -24,7 +24,7 @@ from calib.bundle.io import Bundle, check_bundle
 from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
-from calib.models.kernel import OP_CLASSES, KernelModel, shape_keys, shape_table
+from calib.models.kernel import BYTES_NOT_TRAFFIC, OP_CLASSES, KernelModel, op_family, shape_keys, shape_table
 from calib.models.network import (
     ASTRA_KINDS,
     MIN_SERIES_POINTS,
@@ -123,11 +123,12 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
 
 
 def roofline_scored(shapes: pd.DataFrame) -> np.ndarray:
-    """Shapes the roofline curves predict (with FLOPs or bytes, not _foreach_ chunks); the others
-    are timed by measured medians and scored apart (kernel.no_work_ops)."""
+    """Shapes the roofline curves predict (with FLOPs or bytes, not _foreach_ chunks or indexing
+    ops); the others are timed by measured medians and scored apart (kernel.no_work_ops)."""
     fl = np.nan_to_num(pd.to_numeric(shapes["flops"], errors="coerce").to_numpy(float), nan=0.0)
     by = np.nan_to_num(pd.to_numeric(shapes["bytes"], errors="coerce").to_numpy(float), nan=0.0)
-    multi = shapes["aten_op"].astype(str).str.startswith("aten::_foreach_").to_numpy()
+    fam = [op_family(a) for a in shapes["aten_op"].astype(str)]
+    multi = np.array([f.startswith("foreach_") or f in BYTES_NOT_TRAFFIC for f in fam], dtype=bool)
     return ((fl > 0) | (by > 0)) & ~multi
 
 
@@ -169,7 +170,7 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
     nowork = np.isfinite(pred) & ~has_work
     if nowork.any():
         errors["kernel.no_work_ops"] = error_stat(
-            pred[nowork], t[nowork], method + ", ops timed by a measured median (no FLOPs/bytes, or _foreach_ chunks)")
+            pred[nowork], t[nowork], method + ", ops without a roofline (no FLOPs/bytes, _foreach_ chunks, indexing): saturating curve or median")
     # Extrapolation: per class, the largest 20% of shapes by work predicted from the rest.
     work = np.where(np.isin(classes, ("gemm", "attention")), pd.to_numeric(shapes["flops"], errors="coerce"),
                     pd.to_numeric(shapes["bytes"], errors="coerce"))
@@ -199,14 +200,15 @@ def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, mak
     predict the TP=1 shapes (the largest per model) from the TP>1 ones, and the largest model's
     shapes from the other models'. A shape that also occurs in the training part is not scored."""
     out: dict[str, ErrorStat] = {}
-    names = rows["name"].astype(str)
-    if not names.str.contains("/tp", regex=False).any():
+    labelled = rows[rows["name"].astype(str).str.contains("/tp", regex=False)]
+    if labelled.empty:
         return out
-    keys = shape_keys(rows).to_numpy()
+    pairs = pd.DataFrame({"key": shape_keys(labelled).to_numpy(), "name": labelled["name"].astype(str).to_numpy()})
+    pairs = pairs.drop_duplicates()
     order = {k: i for i, k in enumerate(shape_keys(shapes).to_numpy())}
     tps: dict[int, set[int]] = {}
     models: dict[int, set[str]] = {}
-    for key, name in zip(keys, names, strict=True):
+    for key, name in zip(pairs["key"], pairs["name"], strict=True):
         i = order[key]
         m = _TP_LABEL.search(name)
         if m:
@@ -226,7 +228,7 @@ def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, mak
     only1 = np.array([tps.get(i) == {1} for i in range(n)])
     no1 = np.array([bool(tps.get(i)) and 1 not in tps[i] for i in range(n)])
     check(only1, no1, "kernel.tp1_from_other_tp", "fit on TP 2/4/8 microbenchmark shapes, predict the TP 1 shapes")
-    sizes = rows.assign(_k=keys).groupby(rows["name"].astype(str).str.split("/").str[0])["flops"].max()
+    sizes = labelled.groupby(labelled["name"].astype(str).str.split("/").str[0])["flops"].max()
     if len(sizes) >= 2:
         biggest = str(sizes.idxmax())
         test = np.array([models.get(i) == {biggest} for i in range(n)])
@@ -444,7 +446,8 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     opts = opts or FitOptions(**kw)  # type: ignore[arg-type]
     chosen = select_bundles(bundles, opts)
     gpu_name = chosen[0].manifest.gpu.name
-    cal = Calibration(gpu=gpu_name, created_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    names = sorted({b.manifest.gpu.name for b in chosen})
+    cal = Calibration(gpu=" + ".join(names) if len(names) > 1 else gpu_name, created_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     try:
         from importlib.metadata import version
 
@@ -457,6 +460,8 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         for b in chosen
     ]
     prov = cal.provenance
+    if len(names) > 1:
+        prov["gpu"] = f"configured: mixed on request (--allow-mixed-gpus): {', '.join(names)}; roofline peaks of {gpu_name}"
 
     rows, kb = kernel_rows(chosen)
     peaks = opts.peaks
@@ -469,6 +474,8 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         prov["kernel.classes"] = f"calibrated: {len(kmodel.groups_)} curves ({_short(list(kmodel.groups_), 6, 'curves')}) from {_ids(kb)}"
         if kmodel.constants_:
             prov["kernel.constants_s"] = f"calibrated: {len(kmodel.constants_)} measured medians from {_ids(kb)}"
+        if kmodel.saturating_:
+            prov["kernel.saturating"] = f"calibrated: {len(kmodel.saturating_)} per-op curves from {_ids(kb)}"
         for c in OP_CLASSES:
             if c not in kmodel.groups_ and not any(k.startswith(c) for k in kmodel.constants_):
                 prov[f"kernel.classes.{c}"] = "not calibrated: predicted with a related class (no kernels of its own)"
@@ -477,7 +484,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
 
     micro, train = collective_points(chosen)
     if not micro.empty or not train.empty:
-        per_node = max((b.manifest.gpu.count for b in chosen), default=8) or 8
+        # The NVLink domain is the board's NVSwitch (8 GPUs on HGX/DGX H100/H200, configured),
+        # not the GPUs one run happened to use.
+        pk = peaks or _maybe_peaks(gpu_name)
+        per_node = max([b.manifest.gpu.count for b in chosen] + [pk.gpus_per_node if pk else 0]) or 8
         nmodel, nerr, skipped = fit_network(micro, train, per_node, opts)
         cal.network = nmodel.to_dict()
         if skipped:
@@ -488,6 +498,8 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         for dom in nmodel.astra:
             prov[f"network.astra_sim.{dom}"] = f"calibrated: {_short(src)}"
             prov[f"network.astra_sim.{dom}.endpoint_delay_ns"] = ASTRA_ENDPOINT_SOURCE
+        prov["network.gpus_per_node"] = (f"configured: {pk.source}; HGX/DGX board of {pk.gpus_per_node} GPUs" if pk
+                                         else "calibrated: largest GPU count of a bundle")
         if "inter" not in nmodel.astra:
             prov["network.astra_sim.inter"] = "not calibrated: no bundle measured collectives across nodes"
     else:

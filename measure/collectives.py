@@ -21,17 +21,18 @@ from typing import Any
 
 import pandas as pd
 
-from calib.bundle.io import BundleWriter
 from calib.bundle.schema import COLLECTIVE_COLUMNS, GpuInfo, Manifest, Software
 from calib.errors import CalibError
 from measure.conventions import KINDS, bandwidths_gbps
 from measure.env import child_env, host_name, visible_gpus
-from measure.train import REPO_ROOT, last_error_line, run_process
+from measure.train import REPO_ROOT, last_error_line, open_writer, run_process
 
 GLOO_KINDS = ("all_reduce", "all_gather", "send_recv")
 
 
 def default_sizes(lo: int = 2**10, hi: int = 2**30, step: int = 4) -> list[int]:
+    if lo < 1 or hi < lo or step < 2:
+        raise CalibError(f"message sizes need 1 <= min-bytes <= max-bytes and a size factor >= 2, got {lo}, {hi}, {step}")
     out, s = [], lo
     while s <= hi:
         out.append(s)
@@ -177,7 +178,7 @@ def measure_collectives(
         "timing": "per repetition: barrier, then CUDA events around one collective; time_s = median over "
                   "repetitions of the slowest member, transfer_s = of the fastest, wait_s = of their difference",
     })
-    writer = BundleWriter(out, manifest, overwrite=overwrite)
+    writer = open_writer(out, manifest, overwrite)
     work = writer.dir("work")
     result = work / "result.json"
     args = {"device": device, "sizes": sizes, "kinds": kinds, "group_sizes": list(gs), "warmup": warmup,

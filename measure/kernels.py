@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from calib.bundle.io import BundleWriter
 from calib.bundle.schema import KERNEL_COLUMNS, GpuInfo, Manifest, Software
 from calib.errors import CalibError
 from calib.ops import classify
 from calib.workload.models import PRESETS, ModelSpec
 from measure.env import host_name
+from measure.train import open_writer
 
 TPS = (1, 2, 4, 8)
 TOKENS = (2048, 8192)
@@ -210,7 +210,7 @@ def measure_kernels(out: str | Path, quick: bool = False, warmup: int = 3, repea
         "shapes": "presets x TP 1/2/4/8 x tokens 2048/8192 (GEMM fwd/dgrad/wgrad), attention at seq 2048/4096, "
                   "memory-bound copy/add/mul 1 MiB-1 GiB" if not quick else "quick subset (llama3-8b, TP 1/2)",
     })
-    writer = BundleWriter(out, manifest, overwrite=overwrite)
+    writer = open_writer(out, manifest, overwrite)
     try:
         df, skipped = run_cases(cases, warmup, repeats, deadline_s)
     except Exception as exc:  # noqa: BLE001 - OOM or a CUDA error: a failed bundle says which

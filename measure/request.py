@@ -47,6 +47,10 @@ class TrainRequest:
             raise CalibError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.warmup < 0 or self.steps < 1 or self.profile_steps < 0:
             raise CalibError("need warmup >= 0, steps >= 1 and profile-steps >= 0")
+        if self.telemetry and not 0 < self.telemetry_hz <= 10_000:  # also refuses NaN
+            raise CalibError(f"telemetry rate must be in (0, 10000] Hz, got {self.telemetry_hz}")
+        if not self.timeout_s > 0:
+            raise CalibError(f"timeout must be a positive number of seconds, got {self.timeout_s}")
         if self.device == "cpu":
             if self.par.tp > 1 or self.par.pp > 1 or self.par.ep > 1:
                 raise CalibError("the CPU (gloo) path runs data parallel only: use --tp 1 --pp 1 --ep 1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,12 +57,30 @@ def run_process(argv: list[str], env: dict[str, str], log: Path, timeout_s: floa
     return rc, time.monotonic() - start
 
 
+def open_writer(out: str | Path, manifest: Manifest, overwrite: bool) -> BundleWriter:
+    """A BundleWriter on an absolute path (workers run with cwd = the repo, so a relative path would
+    name another folder there); an output that cannot be created is one CalibError line."""
+    try:
+        return BundleWriter(Path(out).absolute(), manifest, overwrite=overwrite)
+    except OSError as exc:
+        raise CalibError(f"bundle {out}: cannot create it: {exc.strerror or exc}") from None
+
+
+# An exception line such as "RuntimeError: ..." or "torch.OutOfMemoryError: ..."; the launcher's own
+# ChildFailedError only says that a child failed, not why.
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b:?")
+
+
 def last_error_line(log: Path) -> str:
-    """The most telling line of a crashed run's log (its last exception line)."""
+    """The most telling line of a crashed run's log (its last exception line that is not the launcher's)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return ""
+    for line in reversed(lines):
+        s = line.strip()
+        if _EXC_LINE.match(s) and "ChildFailedError" not in s:
+            return s[:300]
     for line in reversed(lines):
         s = line.strip()
         if s and ("Error" in s or "error" in s or "Exception" in s) and not s.startswith("File "):
@@ -109,7 +128,7 @@ def measure_training(
             "megatron-core's torch norms refuse sequence parallel without Transformer Engine; calib uses its own "
             "norm whose params are marked sequence_parallel (measure/mcore.py)"
         )
-    writer = BundleWriter(out, manifest, overwrite=overwrite)
+    writer = open_writer(out, manifest, overwrite)
     work = writer.dir("work")
     req.work_dir = str(work)
     req.t0_monotonic = time.monotonic()

@@ -116,11 +116,12 @@ POWER_W = {"compute": 620.0, "memory": 450.0, "comm": 300.0, "idle": 120.0}
 
 
 def write_training(path: Path, gemm_frac: float, mem_frac: float, mbs: int, gpu: str = H200,
-                   gpus: int = 2, steps: int = 40, step_s: float = 0.05) -> Path:
+                   gpus: int = 2, steps: int = 40, step_s: float = 0.05, first_gpu: int = 0) -> Path:
     """A training bundle whose GPU power follows POWER_W over the activity shares of its kernels."""
     spec = RunSpec(model="llama3-8b@L2", tp=gpus, micro_batch=mbs, global_batch=mbs, seq_length=2048)
     m = manifest("training", gpu, count=gpus, spec=spec, steps=StepsInfo(warmup=2, measured=steps - 2, profiled=[5]),
                  telemetry=TelemetryInfo(enabled=True, rate_hz=20.0, backend="nvml"))
+    m.notes["physical_gpus"] = list(range(first_gpu, first_gpu + gpus))
     w = BundleWriter(path, m)
     t0 = 100.0
     srows, krows = [], []
@@ -147,7 +148,7 @@ def write_training(path: Path, gemm_frac: float, mem_frac: float, mbs: int, gpu:
             p = p_run if busy else POWER_W["idle"]
             e += p * (t - prev)
             prev = t
-            trows.append({"gpu": g, "t_s": t, "power_w": p, "power_instant_w": p * 1.1, "energy_j": e,
+            trows.append({"gpu": g + first_gpu, "t_s": t, "power_w": p, "power_instant_w": p * 1.1, "energy_j": e,
                           "temp_gpu_c": 50.0, "temp_hbm_c": 50.0, "sm_clock_hz": 1.8e9 if busy else 3.45e8,
                           "mem_clock_hz": 3.2e9, "clock_event_reasons": 0 if busy else 1,
                           "util_gpu": 90.0 if busy else 0.0, "nvlink_tx_bytes": 0, "nvlink_rx_bytes": 0,

@@ -21,7 +21,8 @@ def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_kernels(d / "kern")
     write_collectives(d / "coll")
     for i, (g, m, mbs) in enumerate([(0.5, 0.2, 1), (0.3, 0.3, 2), (0.6, 0.1, 4), (0.2, 0.5, 8)]):
-        write_training(d / f"train{i}", g, m, mbs)
+        # Half the runs on GPUs 2-3 of the host: telemetry numbers GPUs physically.
+        write_training(d / f"train{i}", g, m, mbs, first_gpu=2 * (i % 2))
     return d
 
 

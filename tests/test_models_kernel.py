@@ -85,3 +85,41 @@ def test_peaks_and_dtypes() -> None:
     assert normalize_dtype("bfloat16") == "bf16" and normalize_dtype("float32") == "fp32"
     with pytest.raises(CalibError, match="no configured peak"):
         peaks_for_gpu("Some GPU")
+
+
+def test_microbenchmark_floor_is_not_predicted() -> None:
+    """Kernel microbenchmark rows carry ~15 us of launch floor; predictions (no `source`) do not."""
+    trace = kernel_frame(seed=0, noise=0.0).assign(source="trace")
+    bench = kernel_frame(seed=1, noise=0.0)
+    bench = bench.assign(source="bench", time_s=bench["time_s"] + 15e-6)
+    shapes, t, _ = shape_table(pd.concat([trace, bench], ignore_index=True))
+    model = KernelModel(peaks=PEAKS["H200"]).fit(shapes, t)
+    test = kernel_frame(seed=2, noise=0.0)
+    tshapes, tt, _ = shape_table(test)
+    rel = np.abs(model.predict(tshapes) - tt) / tt
+    assert rel.mean() < 0.05, rel.mean()
+    assert model.groups_["memory"]["t0_bench_s"] > 10e-6 > model.groups_["memory"]["t0_s"]
+
+
+def test_foreach_chunks_are_timed_by_median() -> None:
+    base = kernel_frame(seed=0)
+    fe = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::_foreach_mul_", "bytes": b, "flops": 0.0,
+                        "dtype": "float32", "time_s": 40e-6} for b in (1e8, 1e9, 1e10)])
+    shapes, t, _ = shape_table(pd.concat([base, fe], ignore_index=True))
+    model = KernelModel(peaks=PEAKS["H200"]).fit(shapes, t)
+    big = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::_foreach_mul_", "bytes": 1e11, "flops": 0.0,
+                         "dtype": "float32"}])
+    assert model.predict(big)[0] == pytest.approx(40e-6)
+
+
+def test_foreach_kernel_time_saturates_with_list_bytes() -> None:
+    base = kernel_frame(seed=0)
+    sizes = [1e6, 1e7, 1e8, 1e9, 1e10, 1e11]
+    fe = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::_foreach_mul_", "bytes": b, "flops": 0.0,
+                        "dtype": "float32", "time_s": min(45e-6, 1.5e-6 + b / 2e12)} for b in sizes])
+    shapes, t, _ = shape_table(pd.concat([base, fe], ignore_index=True))
+    model = KernelModel(peaks=PEAKS["H200"]).fit(shapes, t)
+    probe = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::_foreach_mul_", "bytes": b, "flops": 0.0,
+                           "dtype": "float32"} for b in (1e6, 1e12)])
+    small, huge = model.predict(probe)
+    assert small < 5e-6 and huge == pytest.approx(45e-6, rel=0.1)

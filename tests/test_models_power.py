@@ -44,3 +44,12 @@ def test_too_few_windows_and_bad_shares() -> None:
     m = PowerModel(dict(P))
     with pytest.raises(CalibError, match="unknown activity"):
         m.power_w({"thinking": 1.0})
+
+
+def test_power_is_capped_at_the_limit() -> None:
+    rng = np.random.default_rng(1)
+    pts = [_point(i, dict(zip(("compute", "memory", "comm", "idle"), rng.dirichlet(np.ones(4)), strict=True)))
+           for i in range(8)]
+    m = PowerModel.fit(pts, power_limit_w=500.0)
+    assert all(0.0 <= v <= 500.0 for v in m.power_by_activity_w.values())
+    assert m.power_w({"compute": 1.0}) <= 500.0

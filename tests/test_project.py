@@ -197,3 +197,18 @@ def test_cli_sweep_json(calibration, tmp_path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert len(out["ranked"]) == 3 and out["ranked"][0]["step_time_s"] <= out["ranked"][-1]["step_time_s"]
     assert any("best by FLOPs" in n for n in out["notes"])
+
+
+def test_readme_command_on_the_bundled_calibration(capsys) -> None:
+    from calib.project import default_calibration_path
+
+    if not default_calibration_path("H200").is_file():
+        pytest.skip("no bundled H200 calibration yet")
+    argv = ["project", "--model", "gpt3-175b", "--gpus", "8192", "--tp", "8", "--pp", "16", "--mbs", "1",
+            "--gbs", "1536", "--cluster", "dgx-h200", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration_id"].startswith("NVIDIA H200") and out["fits_in_memory"]
+    assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"], rel=1e-6)
+    assert any(c.startswith("kernel times") for c in out["calibrated"])
+    assert out["error_band"]["low"] < out["step_time_s"] < out["error_band"]["high"]

@@ -139,6 +139,13 @@ def test_check_fails_when_a_mean_or_max_exceeds_its_threshold() -> None:
     assert len(lines) == 1 and lines[0].startswith("heldout max step-time error 5.00% exceeds the threshold 4.00%")
     no_replay = summarize([_run("a", HELDOUT, 1.0, 1.0)], real_bundles=1)
     assert any("no replay error" in v for v in violations(no_replay, t))
+    # a run without a figure fails the check unless the thresholds allow that many missing runs
+    one_missing = summarize([_run("a", HELDOUT, 1.0, 1.0), _run("b", HELDOUT, 1.0, None),
+                             _run("a", REPLAY, 1.0, 1.0)], real_bundles=2)
+    assert violations(one_missing, t) == [
+        "heldout: 1 run(s) have no heldout error (b); the threshold allows 0 (; the reports say why)"]
+    t.limits["heldout"]["missing"] = 1
+    assert violations(one_missing, t) == []
     assert violations(summarize([], real_bundles=0), t) == [
         "no real GPU training bundles to validate (CPU bundles never count)"]
 
@@ -147,6 +154,7 @@ def test_check_fails_when_a_mean_or_max_exceeds_its_threshold() -> None:
     ("schema: other\n", "schema must be"),
     ("schema: calib.validation-thresholds/1\nthresholds: {heldout: {mean_pct: -1}}\n", "positive percentage"),
     ("schema: calib.validation-thresholds/1\nthresholds: {heldout: {avg: 1}}\n", "is not one of mean_pct"),
+    ("schema: calib.validation-thresholds/1\nthresholds: {replay: {missing: 1.5}}\n", "must be a count"),
     ("schema: [\n", "not valid YAML"),
 ])
 def test_bad_thresholds_file_is_one_line(tmp_path: Path, text: str, msg: str) -> None:
@@ -252,7 +260,8 @@ def test_orchestrator_on_synthetic_bundles(tmp_path: Path) -> None:
         assert r.error_pct is None and "no GPU work" in r.note
     assert [e["run"] for e in rep.excluded] == ["cpu"]
     assert rep.summary["real_bundles"] == 3 and rep.summary["heldout_count"] == 3
-    assert any("replay: run t1 has no replay error" in v for v in rep.violations)
+    assert rep.summary["replay_missing_runs"] == ["t1", "t2", "t3"]
+    assert any(v.startswith("replay: no replay error could be computed") for v in rep.violations)
     val = Calibration.load(cal_path).validation
     assert val["heldout_mape"] == pytest.approx(rep.summary["heldout_mape"], rel=1e-5)
     assert val["heldout_count"] == 3 and len(val["runs"]) == 9
@@ -264,8 +273,8 @@ def load_bundles_real(root: Path) -> list:
     return [b for b in load_bundles([root]) if is_real_gpu(b)]
 
 
-def test_uneven_all_to_all_is_replayed_at_the_largest_size() -> None:
-    from calib.validation.replay import even_all_to_all
+def test_variable_size_collectives_are_replayed_at_the_largest_size() -> None:
+    from calib.validation.replay import even_variable_collectives
 
     def a2a(nid: int, size: int, pg: str = "5") -> Node:
         return Node(nid, "a2a", NodeType.COMM_COLL_NODE, attrs=[
@@ -275,8 +284,8 @@ def test_uneven_all_to_all_is_replayed_at_the_largest_size() -> None:
         return Node(nid, "ar", NodeType.COMM_COLL_NODE, attrs=[
             Attr("comm_type", int(CommType.ALL_REDUCE)), Attr("comm_size", size), Attr("pg_name", "5")])
 
-    t0 = ExecutionTrace(nodes=[a2a(1, 100), ar(2, 64), a2a(3, 10)])
-    t1 = ExecutionTrace(nodes=[a2a(7, 300), ar(8, 64), a2a(9, 10)])
-    assert even_all_to_all({0: t0, 1: t1}) == 1
-    assert [n.attr("comm_size") for n in t0.nodes] == [300, 64, 10]
-    assert [n.attr("comm_size") for n in t1.nodes] == [300, 64, 10]
+    t0 = ExecutionTrace(nodes=[a2a(1, 100), ar(2, 64), a2a(3, 10), ar(4, 8)])
+    t1 = ExecutionTrace(nodes=[a2a(7, 300), ar(8, 64), a2a(9, 10), ar(10, 16)])
+    assert even_variable_collectives({0: t0, 1: t1}) == 1
+    assert [n.attr("comm_size") for n in t0.nodes] == [300, 64, 10, 8]
+    assert [n.attr("comm_size") for n in t1.nodes] == [300, 64, 10, 16]  # an all-reduce is never evened

@@ -138,6 +138,8 @@ def read_bundle(path: str | os.PathLike, require_complete: bool = True) -> Bundl
         data = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CalibError(f"bundle {p}: manifest.json is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    if not isinstance(data, dict):
+        raise CalibError(f"bundle {p}: manifest.json is not a JSON object")
     schema = data.get("schema")
     if schema != SCHEMA:
         raise CalibError(f"bundle {p}: schema {schema!r} is not supported (this calib reads {SCHEMA!r})")
@@ -145,7 +147,10 @@ def read_bundle(path: str | os.PathLike, require_complete: bool = True) -> Bundl
         raise CalibError(f"bundle {p}: kind {data.get('kind')!r} is not one of {', '.join(KINDS)}")
     if data.get("status") not in STATUSES:
         raise CalibError(f"bundle {p}: status {data.get('status')!r} is not one of {', '.join(STATUSES)}")
-    manifest = Manifest.from_dict(data)
+    try:
+        manifest = Manifest.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CalibError(f"bundle {p}: manifest.json is malformed ({type(exc).__name__}: {exc})") from None
     if require_complete and manifest.status != "complete":
         raise CalibError(f"bundle {p} is a failed run: {manifest.failure or 'no reason recorded'}")
     return Bundle(p, manifest)
@@ -174,14 +179,22 @@ def check_bundle(bundle: Bundle) -> list[str]:
             lost = sorted(set(range(world)) - ranks)
             if lost:
                 problems.append(f"steps.parquet has no rows for rank(s) {lost} of {world}")
-            if bundle.table("steps")["time_s"].isna().any():
+            times = bundle.table("steps").get("time_s")
+            if times is not None and times.isna().any():
                 problems.append("steps.parquet has NaN step times")
+            elif times is not None and (times <= 0).any():
+                problems.append("steps.parquet has step times <= 0 s")
         if m.steps.profiled and m.spec is not None:
             world = m.spec.tp * m.spec.pp * m.spec.dp
             have = {int(f.name.split(".")[1]) for f in bundle.et_files()}
             lost = sorted(set(range(world)) - have)
             if lost:
                 problems.append(f"et/ lacks rank(s) {lost}")
+    for name in ("kernels", "collectives"):
+        if bundle.has(name) and "time_s" in bundle.table(name).columns:
+            t = bundle.table(name)["time_s"]
+            if t.isna().any() or (t < 0).any():
+                problems.append(f"{name}.parquet has NaN or negative time_s")
     if bundle.has("telemetry"):
         df = bundle.table("telemetry")
         for col in TELEMETRY_REQUIRED:
@@ -204,6 +217,8 @@ def load_bundles(paths: list[str | os.PathLike], kinds: tuple[str, ...] = KINDS)
             continue
         if not p.is_dir():
             raise CalibError(f"{p} is neither a bundle nor a folder of bundles")
+        if not any(p.rglob("manifest.json")) and any(p.glob("*.parquet")):
+            raise CalibError(f"bundle {p} has no manifest.json: incomplete or not a bundle")
         for mf in sorted(p.rglob("manifest.json")):
             if any(part.endswith(PARTIAL) for part in mf.parts):
                 continue

@@ -213,6 +213,11 @@ def _decode(data: bytes, source: str) -> ExecutionTrace:
         if length == 0:
             break
         if pos + length > end:
+            if first:  # the very first message does not fit: most likely not an ET at all
+                raise CalibError(
+                    f"{source}: not a Chakra ET (or truncated): its first message claims {length} bytes, "
+                    f"the file has {end - pos} after the length prefix"
+                )
             raise CalibError(
                 f"{source}: truncated Chakra ET: message at byte offset {start} needs {length} bytes, "
                 f"{end - pos} left"
@@ -250,17 +255,31 @@ def read_et(path: str | os.PathLike[str]) -> ExecutionTrace:
     return decode(data, str(p))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write to a temp name in the same folder, then rename: never a half-written file."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+    if p.is_dir():
+        raise CalibError(f"{p}: cannot write: is a folder, expected a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+    except OSError as exc:
+        raise CalibError(f"{p}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise CalibError(f"{p}: cannot write: {exc.strerror or exc}") from None
         raise
 
 

@@ -22,12 +22,21 @@ def _summary(path: Path) -> None:
     import json
 
     m = json.loads((path / "manifest.json").read_text())
-    line = f"{m['status']}: {path}"
     if m["status"] != "complete":
-        line += f" ({m['failure']})"
-        print(line)
-        raise typer.Exit(1)
-    print(line)
+        # The run started and failed (OOM, a GPU lost mid-run, a timeout): the bundle is kept, marked
+        # failed with the reason, and the command fails like any bad input, in one line.
+        raise CalibError(f"run failed: {m['failure'] or 'no reason recorded'} (bundle {path} is marked failed)")
+    print(f"{m['status']}: {path}")
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CalibError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise CalibError(f"{option} must be positive integers, got {text!r}")
+    return values
 
 
 @measure_app.command("train")
@@ -97,7 +106,7 @@ def collectives(
 
     n = gpus or len(visible_gpus())
     sizes = default_sizes(min_bytes, max_bytes, factor)
-    gs = tuple(int(x) for x in group_sizes.split(",") if x.strip())
+    gs = _int_list(group_sizes, "--group-sizes")
     _summary(measure_collectives(out, n, device, sizes, [k.strip() for k in kinds.split(",") if k.strip()], gs,
                                  warmup, repeats, master_port, overwrite=overwrite))
 

@@ -89,9 +89,11 @@ def load_calibration_for(path: str | None, gpu: str) -> object | None:
     if path is None:
         default = default_calibration_path(gpu)
         if not default.is_file():
+            others = sorted(str(p) for p in default.parent.glob("calibration-*.yaml"))
+            hint = f"; bundled for other GPUs: {', '.join(others)} (with --allow-gpu-mismatch)" if others else ""
             raise CalibError(
                 f"no bundled calibration for {gpu} ({default}); pass --calibration FILE (from calib fit), "
-                "or --calibration none for an uncalibrated datasheet estimate"
+                f"or --calibration none for an uncalibrated datasheet estimate{hint}"
             )
         return Calibration.load(default)
     return Calibration.load(path)

@@ -64,7 +64,10 @@ def register(app: typer.Typer) -> None:
         _check_memory(remote_memory_configuration)
         workload = read_workload(workload_configuration, network.npus, comm_group_configuration)
         if timeline is None and logging_folder and backend == "analytical":
-            Path(logging_folder).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(logging_folder).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CalibError(f"logging folder {logging_folder}: {exc.strerror or exc}") from None
             timeline = str(Path(logging_folder) / "timeline.json")
         result = simulate(workload, network, system, backend=backend, astra_sim_bin=astra_sim_bin, timeline_path=timeline)
         if as_json:

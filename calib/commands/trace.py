@@ -94,11 +94,11 @@ def convert(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            _convert(host, device, out, run_dir, gz)
-        finally:
-            for w in caught:  # one line each, not Python's "file:line: UserWarning" form
-                typer.echo(f"warning: {w.message}", err=True)
+        # On bad input the one `error:` line is all the user gets (it names the file and the cause);
+        # warnings (e.g. an untested host-trace schema) are printed only when the conversion succeeds.
+        _convert(host, device, out, run_dir, gz)
+    for w in caught:  # one line each, not Python's "file:line: UserWarning" form
+        typer.echo(f"warning: {w.message}", err=True)
 
 
 def _convert(host: Path | None, device: Path | None, out: Path, run_dir: Path | None, gz: bool) -> None:

@@ -140,6 +140,18 @@ def _groups(node: dict[str, Any], path: Path) -> dict[str, ProcessGroup]:
 
 
 def parse_host(data: Any, path: Path) -> HostTrace:
+    try:
+        return _parse_host(data, path)
+    except (TypeError, ValueError, AttributeError) as exc:  # a node of the wrong shape: still one line
+        raise CalibError(f"{path}: malformed host execution trace ({type(exc).__name__}: {exc})") from None
+    except CalibError as exc:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        if schema is not None and str(schema) not in TESTED_SCHEMAS and "schema" not in str(exc):
+            raise CalibError(f"{exc} (its schema {str(schema)!r} is not one calib was tested with: {', '.join(sorted(TESTED_SCHEMAS))})") from None
+        raise
+
+
+def _parse_host(data: Any, path: Path) -> HostTrace:
     if not isinstance(data, dict):
         raise CalibError(f"{path}: not a PyTorch host execution trace (top level is not an object)")
     schema = str(_need(data, "schema", path, "schema version"))

@@ -142,8 +142,9 @@ class ClampedPiecewise:
         return hinge_basis(x, self.knots) @ np.asarray(self.coef)
 
     @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray, max_segments: int = 4, alpha: float = 1e-3) -> ClampedPiecewise:
-        knots = choose_knots(x, max_segments)
+    def fit(cls, x: np.ndarray, y: np.ndarray, max_segments: int = 4, alpha: float = 1e-3,
+            min_points_per_segment: int = 4) -> ClampedPiecewise:
+        knots = choose_knots(x, max_segments, min_points_per_segment)
         coef = ridge_fit(hinge_basis(x, knots), np.asarray(y, dtype=float), alpha=alpha)
         return cls([float(k) for k in knots], [float(c) for c in coef])
 

@@ -30,7 +30,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calib.errors import CalibError
-from calib.models.common import choose_knots, hinge_basis
+from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis
 from calib.models.peaks import GpuPeaks, normalize_dtype
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
@@ -56,20 +56,20 @@ def _joint_fit(a: np.ndarray, idx: np.ndarray, n_ops: int, g: np.ndarray, alpha:
     return sol[: a.shape[1]], sol[a.shape[1]:]
 
 
+# Op families whose classified bytes (whole tensors) are not the traffic of one of their kernels.
+BYTES_NOT_TRAFFIC = {"index_put_impl", "index_put", "index", "gather", "embedding_dense_backward"}
 RANGE_SLACK = 0.15  # decades of work a curve is trusted beyond its measured range
 
 
 def _by_range(chain: list[dict], x: np.ndarray, rows: np.ndarray) -> list[tuple[dict, np.ndarray]]:
-    """Assign each row to the most specific curve whose measured work range covers it (with
-    RANGE_SLACK); rows outside every range go to the curve measured furthest toward them, so a
-    per-op curve fitted on small kernels never extrapolates its efficiency to large ones."""
-    lo = np.array([g["knots"][0] for g in chain])
+    """Assign each row to the most specific curve that may predict its work: any curve inside or
+    below its measured range (RANGE_SLACK decades of slack), and above it only a curve whose largest
+    measured kernel was throughput-bound (`top_bound`), so a per-op curve fitted on launch-bound
+    kernels never extrapolates to large ones; rows no curve takes go to the one measured furthest."""
     hi = np.array([g["knots"][-1] for g in chain])
-    inside = (x[:, None] >= lo[None, :] - RANGE_SLACK) & (x[:, None] <= hi[None, :] + RANGE_SLACK)
-    first = np.where(inside.any(axis=1), inside.argmax(axis=1), -1)
-    above = x > hi.max()
-    first[(first < 0) & above] = int(hi.argmax())
-    first[first < 0] = int(lo.argmin())
+    bound = np.array([bool(g.get("top_bound", True)) for g in chain])
+    ok = (x[:, None] <= hi[None, :] + RANGE_SLACK) | bound[None, :]
+    first = np.where(ok.any(axis=1), ok.argmax(axis=1), int(hi.argmax()))
     return [(chain[i], rows[first == i]) for i in np.unique(first)]
 
 
@@ -128,12 +128,15 @@ class KernelModel(BaseEstimator, RegressorMixin):
             z = np.where((flops > 0) & (nbytes > 0), np.log10(np.maximum(flops, 1.0) / np.maximum(nbytes, 1.0)), 0.0)
         aten = np.array([op_family(a) for a in _str_col(X, "aten_op")], dtype=object)
         # Multi-tensor-apply ops (torch's _foreach_*) launch one kernel per fixed-size chunk of their
-        # tensor list: a kernel's time does not follow the op's bytes, so they are timed per kernel
-        # by their measured median (as ops without work are).
-        multi = np.array([a.startswith("foreach_") for a in aten], dtype=bool)
+        # tensor list, and indexing ops touch a few rows of tensors whose full size is in `bytes`:
+        # a kernel's time does not follow the bytes, so they are timed per kernel by their
+        # measured median (as ops without work are).
+        multi = np.array([a.startswith("foreach_") or a in BYTES_NOT_TRAFFIC for a in aten], dtype=bool)
+        xb = np.where(nbytes > 0, np.log10(np.maximum(nbytes, 1.0)), np.nan)
         x = np.where(multi, np.nan, x)
         bench = _str_col(X, "source") == "bench"
-        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "bench": bench}
+        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "bench": bench,
+                "xb": xb}
 
     # ---- fitting -------------------------------------------------------------------------
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> KernelModel:
@@ -145,6 +148,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         f = self._features(X)
         self.groups_: dict[str, dict] = {}
         self.constants_: dict[str, float] = {}
+        self.saturating_: dict[str, dict] = {}
         sized = np.isfinite(f["x"]) & (f["roof"] > 0)
         for cls in OP_CLASSES:
             in_cls = f["classes"] == cls
@@ -171,7 +175,15 @@ class KernelModel(BaseEstimator, RegressorMixin):
             if unsized.any():
                 self.constants_[cls] = float(np.median(y[unsized]))
                 for op in sorted(set(f["aten"][unsized].tolist()) - {""}):
-                    self.constants_[f"{cls}/{op}"] = float(np.median(y[unsized & (f["aten"] == op)]))
+                    one = unsized & (f["aten"] == op)
+                    self.constants_[f"{cls}/{op}"] = float(np.median(y[one]))
+                    with_bytes = one & np.isfinite(f["xb"])
+                    if len(np.unique(np.round(f["xb"][with_bytes], 3))) >= 4:
+                        # Per-kernel time against the op's bytes, clamped at both ends: a _foreach_
+                        # kernel grows with a short tensor list and saturates at its chunk size.
+                        curve = ClampedPiecewise.fit(f["xb"][with_bytes], np.log(y[with_bytes]), max_segments=3,
+                                                       min_points_per_segment=2)
+                        self.saturating_[f"{cls}/{op}"] = curve.to_dict()
         if not self.groups_:
             raise CalibError(
                 f"kernel model: too few sized kernels to fit (need {self.min_points} of one op class, "
@@ -214,6 +226,10 @@ class KernelModel(BaseEstimator, RegressorMixin):
                  "op_offsets": {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}}
         g_top = float((self._design(np.array([knots[-1]]), np.array([zr[1]]), knots, zr, use_z) @ coef)[0])
         group["efficiency"] = float(math.exp(-g_top))
+        # Was the largest measured kernel throughput-bound (work term at least twice the floor)?
+        top = int(np.argmax(x))
+        work_top = float(roof[top] * math.exp(float(a[top] @ coef) + off[idx[top]]))
+        group["top_bound"] = bool(work_top >= 2.0 * t0)
         return group
 
     @staticmethod
@@ -261,8 +277,13 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 t0 = float(grp.get("t0_s", 0.0))
                 floor = np.where(f["bench"][idx], float(grp.get("t0_bench_s", t0)), t0)
                 out[idx] = floor + f["roof"][idx] * np.exp(g)
+        sat = getattr(self, "saturating_", {})
         for i in np.flatnonzero(np.isnan(out)):
-            out[i] = self._no_work_time(str(f["classes"][i]), str(f["dtypes"][i]), str(f["aten"][i]))
+            key = f"{f['classes'][i]}/{f['aten'][i]}"
+            if key in sat and np.isfinite(f["xb"][i]):
+                out[i] = float(np.exp(ClampedPiecewise.from_dict(sat[key])(np.array([f["xb"][i]]))[0]))
+            else:
+                out[i] = self._no_work_time(str(f["classes"][i]), str(f["dtypes"][i]), str(f["aten"][i]))
         return out
 
     def _no_work_time(self, cls: str, dtype: str, aten: str) -> float:
@@ -300,6 +321,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
             "peaks": self.peaks.to_dict() if self.peaks else None,
             "classes": self.groups_,
             "constants_s": self.constants_,
+            "saturating": self.saturating_,
         }
 
     @classmethod
@@ -308,6 +330,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         model = cls(peaks=peaks)
         model.groups_ = {str(k): _checked_group(str(k), dict(v)) for k, v in (data.get("classes") or {}).items()}
         model.constants_ = {str(k): float(v) for k, v in (data.get("constants_s") or {}).items()}
+        model.saturating_ = {str(k): ClampedPiecewise.from_dict(v).to_dict() for k, v in (data.get("saturating") or {}).items()}
         return model
 
 
@@ -352,7 +375,8 @@ def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nda
     fold never holds a shape that its training part also saw.
     """
     df = _with_shape_columns(kernels)
-    df = df.assign(_key=shape_keys(df).to_numpy())
+    codes = df.groupby(SHAPE_COLUMNS, dropna=False, sort=True).ngroup().to_numpy()
+    df = df.assign(_key=codes)
     agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))
     first = df.drop_duplicates("_key").set_index("_key").loc[agg.index, SHAPE_COLUMNS]
     return first.reset_index(drop=True), agg["time_s"].to_numpy(float), agg["count"].to_numpy(int)

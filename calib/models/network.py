@@ -71,8 +71,8 @@ class Series:
     Two latencies: `alpha_s` is that of collectives inside profiled training steps (the NCCL
     kernel's own duration), `alpha_bench_s` that of the microbenchmarks, whose CUDA events around
     one collective on an idle GPU add a launch floor of tens of microseconds. Predictions use
-    `alpha_s`; a series measured only by microbenchmarks gets alpha_bench_s minus its domain's
-    typical floor (CollectiveModel.bench_floor_s).
+    `alpha_s`; a series whose training collectives include no latency-bound size (<= 1 MiB)
+    gets alpha_bench_s minus its domain's typical floor (CollectiveModel.bench_floor_s).
     """
 
     domain: str
@@ -108,8 +108,10 @@ class Series:
         base = np.where(b, alpha_b, alpha_t) + beta * sf
         segs = max(1, min(max_segments, len(np.unique(s)) // 3))
         resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
+        # The in-training latency counts as measured only when training collectives include
+        # latency-bound sizes (<= 1 MiB); otherwise it comes from the microbenchmark (see class doc).
         return cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
-                   alpha_b, bool((~b).any()))
+                   alpha_b, bool((~b & (s <= MIB)).any()))
 
     def to_dict(self) -> dict:
         return {
@@ -285,8 +287,8 @@ class CollectiveModel:
             both = [s.alpha_bench_s - s.alpha_s for s in self.series.values()
                     if s.domain == dom and s.has_trace and np.isfinite(s.alpha_bench_s)]
             self.bench_floor_s[dom] = float(np.median(both)) if both else 0.0
-        for s in self.series.values():  # microbenchmark-only series: their in-training latency
-            if not s.has_trace:
+        for s in self.series.values():  # series without small training collectives: their latency
+            if not s.has_trace and np.isfinite(s.alpha_bench_s):
                 s.alpha_s = max(0.0, s.alpha_bench_s - self.bench_floor_s.get(s.domain, 0.0))
 
     @staticmethod

@@ -26,6 +26,7 @@ class GpuPeaks:
     max_sm_clock_hz: float = 0.0
     tdp_w: float = 0.0
     source: str = ""
+    gpus_per_node: int = 8  # GPUs behind one NVSwitch fabric on the HGX/DGX board
 
     def flops_for(self, dtype: str) -> float:
         d = normalize_dtype(dtype)
@@ -45,6 +46,7 @@ class GpuPeaks:
             max_sm_clock_hz=float(data.get("max_sm_clock_hz", 0.0)),
             tdp_w=float(data.get("tdp_w", 0.0)),
             source=str(data.get("source", "")),
+            gpus_per_node=int(data.get("gpus_per_node", 8)),
         )
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import gc
 import heapq
 import json
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from calib.chakra.codec import write_bytes_atomic
 from calib.chakra.model import CommType, Node, NodeType
 from calib.errors import CalibError
 from calib.sim.collectives import KINDS, CollectiveTimer
@@ -254,6 +254,8 @@ class AnalyticalSimulator:
                 dst = tl.rep if dst is None else dst
             if src is None or dst is None or size is None:
                 raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) needs comm_src/comm_dst and comm_size")
+            if int(size) < 0:
+                raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) has a negative comm_size {size}")
             n = self.wl.num_ranks
             if not (0 <= src < n and 0 <= dst < n):
                 raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) names peer outside the {n} ranks ({src} -> {dst})")
@@ -272,6 +274,8 @@ class AnalyticalSimulator:
             if kind is None:
                 raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) has collective type {ctype}, which cannot be simulated")
             size = int(node.attr("comm_size", 0) or 0)
+            if size < 0:
+                raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) has a negative comm_size {size}")
             pg, members = self._group(tl, node)
             spanned = self._spanned(pg, members)
             if len(spanned) == 1 and tl.index in spanned:  # the group is this class: all start now
@@ -478,10 +482,7 @@ def _overlap_len(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.partial"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, json.dumps(data).encode())
 
 
 def simulate_analytical(

@@ -34,7 +34,7 @@ class Dim:
             raise CalibError(f"network dimension npus must be >= 1, got {self.npus}")
         if not self.bandwidth_gbps > 0 or not math.isfinite(self.bandwidth_gbps):
             raise CalibError(f"network bandwidth must be a positive number of GB/s, got {self.bandwidth_gbps}")
-        if self.latency_ns < 0:
+        if not self.latency_ns >= 0 or not math.isfinite(self.latency_ns):
             raise CalibError(f"network latency must be >= 0 ns, got {self.latency_ns}")
 
 
@@ -68,7 +68,13 @@ class NetworkConfig:
             raise CalibError(f"{source}: needs topology, npus_count, bandwidth and latency lists ({exc})") from None
         if not len(topo) == len(npus) == len(bw) == len(lat):
             raise CalibError(f"{source}: topology, npus_count, bandwidth and latency differ in length")
-        return cls(tuple(Dim(t, int(n), float(b), float(la)) for t, n, b, la in zip(topo, npus, bw, lat, strict=True)))
+        if not topo:
+            raise CalibError(f"{source}: the network has no dimensions")
+        try:
+            dims = [(str(t), int(n), float(b), float(la)) for t, n, b, la in zip(topo, npus, bw, lat, strict=True)]
+        except (TypeError, ValueError) as exc:
+            raise CalibError(f"{source}: npus_count, bandwidth and latency must be numbers ({exc})") from None
+        return cls(tuple(Dim(*d) for d in dims))
 
     def to_dict(self) -> dict:
         return {
@@ -124,6 +130,8 @@ class SystemConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "system") -> SystemConfig:
+        if not isinstance(data, dict):
+            raise CalibError(f"{source}: expected a JSON object of ASTRA-sim system settings")
         if "preferred-dataset-splits" not in data:
             raise CalibError(f"{source}: preferred-dataset-splits is required (ASTRA-sim crashes without it)")
         kw: dict = {}
@@ -141,6 +149,7 @@ class SystemConfig:
                     raise CalibError(f"{source}: unknown collective implementation(s) {bad}")
         if "roofline_enabled" in kw:
             kw["roofline_enabled"] = bool(int(kw["roofline_enabled"])) if not isinstance(kw["roofline_enabled"], bool) else kw["roofline_enabled"]
+        _check_numbers(kw, source)
         cfg = cls(**kw, extra=extra)
         if cfg.endpoint_delay_ns <= 0:
             raise CalibError(f"{source}: endpoint-delay must be >= 1 ns (ASTRA-sim aborts on 0)")
@@ -160,3 +169,24 @@ class SystemConfig:
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+
+_INT_KEYS = ("endpoint_delay_ns", "active_chunks_per_dimension", "preferred_dataset_splits")
+_POSITIVE_KEYS = ("local_mem_bw_gbps", "peak_perf_tflops")
+
+
+def _check_numbers(kw: dict, source: str) -> None:
+    """Coerce the numeric system settings in place; a bad one is a CalibError naming its JSON key."""
+    json_key = {attr: key for key, attr in SystemConfig._KEYS.items()}
+    for attr in _INT_KEYS:
+        if attr in kw:
+            v = kw[attr]
+            if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or (v < 1 and attr != "endpoint_delay_ns"):
+                raise CalibError(f"{source}: {json_key[attr]} must be a positive integer, got {v!r}")
+            kw[attr] = int(v)
+    for attr in _POSITIVE_KEYS:
+        if kw.get(attr) is not None:
+            v = kw[attr]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise CalibError(f"{source}: {json_key[attr]} must be a positive number, got {v!r}")
+            kw[attr] = float(v)

@@ -61,4 +61,8 @@ def read_workload(prefix: str | Path, num_ranks: int, comm_groups: str | Path | 
         traces[r] = read_et(p)
         if not traces[r].nodes:
             raise CalibError(f"workload: {p} has no nodes (give an idle rank one 0-us COMP node)")
+    extra = et_path(prefix, num_ranks)
+    if extra.exists() or Path(f"{extra}.gz").exists():
+        # ASTRA-sim would silently drop the extra ranks: a wrong number, not a result.
+        raise CalibError(f"workload: {extra} exists but the network has only {num_ranks} NPUs (ET count and network dimensions differ)")
     return SimWorkload.per_rank(traces, read_comm_groups(comm_groups, num_ranks))

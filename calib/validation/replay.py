@@ -12,10 +12,11 @@ How a converted ET is replayed (what "replay" means in every report):
     from the simulated ranks); their duration field is set to the measured transfer part (attr
     transfer_ns), which is what the simulator replays for the collectives it does not model
     (BROADCAST);
-  - an uneven all-to-all (MoE token dispatch: each rank sends what its router chose, so the k-th
-    all-to-all of a group moves different byte counts on different ranks) is replayed on every
-    rank at the largest rank's comm_size: the simulator times an all-to-all of one size per group,
-    and the exchange ends when its largest member is done. The report counts such collectives.
+  - a variable-size collective (MoE token dispatch: all-to-all-v, and all-gather-v / reduce-scatter-v
+    of routed tokens, so the k-th collective of a group moves different byte counts on different
+    ranks) is replayed on every rank at the largest rank's comm_size: the simulator times one size
+    per group, and the exchange ends when its largest member is done. An all-reduce never varies;
+    one that does is left alone for the simulator to refuse. The report counts such collectives.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from calib.sim.types import SimResult, SimWorkload
 class RunTraces:
     traces: dict[int, ExecutionTrace]
     comm_groups: dict[int, list[int]]
-    uneven_all_to_all: int = 0  # set by replay_workload
+    uneven: int = 0  # variable-size collectives evened out, set by replay_workload
 
 
 def read_run_traces(bundle: Bundle) -> RunTraces:
@@ -60,6 +61,18 @@ def read_run_traces(bundle: Bundle) -> RunTraces:
     return RunTraces(traces, groups)
 
 
+def check_replayable(run: RunTraces, pp: int, source: str) -> None:
+    """Refuse ETs that cannot stand for the run: a pipeline-parallel step without any send/recv
+    would replay its stages as independent programs (a silently wrong step time)."""
+    if pp > 1 and not any(
+        n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE) for t in run.traces.values() for n in t.nodes
+    ):
+        raise CalibError(
+            f"{source}: the ETs of this PP={pp} run hold no send/recv (the pipeline transfers are missing from "
+            "the conversion), so its stages cannot be replayed together"
+        )
+
+
 def replay_trace(trace: ExecutionTrace) -> ExecutionTrace:
     """A copy of one rank's converted ET prepared for replay (see the module docstring)."""
     out = copy.deepcopy(trace)
@@ -77,10 +90,14 @@ def replay_trace(trace: ExecutionTrace) -> ExecutionTrace:
     return out
 
 
-def even_all_to_all(traces: dict[int, ExecutionTrace]) -> int:
-    """Give the k-th ALL_TO_ALL of every process group the largest comm_size any rank has for it
-    (in place); return how many collectives were uneven. Collectives are matched as the simulator
-    matches them: k-th collective node of the group in issue (node id) order on each rank."""
+VARIABLE_SIZE = (CommType.ALL_TO_ALL, CommType.ALL_GATHER, CommType.REDUCE_SCATTER)
+
+
+def even_variable_collectives(traces: dict[int, ExecutionTrace]) -> int:
+    """Give the k-th collective of every process group, when it is an all-to-all, all-gather or
+    reduce-scatter of the same kind on every rank, the largest comm_size any rank has for it (in
+    place); return how many were uneven. Collectives are matched as the simulator matches them:
+    the k-th collective node of the group in issue (node id) order on each rank."""
     by_key: dict[tuple[str, int], list] = {}
     for trace in traces.values():
         seen: dict[str, int] = {}
@@ -91,7 +108,8 @@ def even_all_to_all(traces: dict[int, ExecutionTrace]) -> int:
             by_key.setdefault((pg, k), []).append(n)
     uneven = 0
     for nodes in by_key.values():
-        if any(int(n.attr("comm_type", -1)) != int(CommType.ALL_TO_ALL) for n in nodes):
+        kinds = {int(n.attr("comm_type", -1)) for n in nodes}
+        if len(kinds) != 1 or kinds.pop() not in VARIABLE_SIZE:
             continue
         sizes = [int(n.attr("comm_size", 0)) for n in nodes]
         if min(sizes) != max(sizes):
@@ -103,7 +121,7 @@ def even_all_to_all(traces: dict[int, ExecutionTrace]) -> int:
 
 def replay_workload(run: RunTraces) -> SimWorkload:
     prepared = {r: replay_trace(t) for r, t in run.traces.items()}
-    run.uneven_all_to_all = even_all_to_all(prepared)
+    run.uneven = even_variable_collectives(prepared)
     return SimWorkload.per_rank(prepared, run.comm_groups)
 
 

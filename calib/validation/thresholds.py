@@ -2,7 +2,8 @@
 
 Thresholds are percentages on the step-time errors of the summary: `mean_pct` bounds the mean
 absolute error (the summary's `<kind>_mape`), `max_pct` the largest one (`<kind>_max`), for each
-kind (heldout, replay). They are set at what
+kind (heldout, replay); `missing` is how many runs may lack a figure of that kind (0 when not
+given: a run that cannot be validated must not pass silently). They are set at what
 calib reaches now, rounded up a little, and only ever lowered. `goals` are the targets of the
 project: printed beside the thresholds, never enforced.
 """
@@ -19,7 +20,7 @@ from calib.errors import CalibError
 
 SCHEMA = "calib.validation-thresholds/1"
 KINDS = ("heldout", "replay")
-STATS = ("mean_pct", "max_pct")
+STATS = ("mean_pct", "max_pct", "missing")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "validation-thresholds.yaml"
 
 
@@ -58,7 +59,10 @@ def _section(raw: object, p: Path, name: str) -> dict[str, dict[str, float]]:
         for stat, value in stats.items():
             if stat not in STATS:
                 raise CalibError(f"thresholds file {p}: {name}.{kind}.{stat} is not one of {', '.join(STATS)}")
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            if stat == "missing":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise CalibError(f"thresholds file {p}: {name}.{kind}.missing must be a count >= 0, got {value!r}")
+            elif not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise CalibError(f"thresholds file {p}: {name}.{kind}.{stat} must be a positive percentage, got {value!r}")
             out[kind][stat] = float(value)
     return out
@@ -78,7 +82,14 @@ def violations(summary: dict, thresholds: Thresholds | None) -> list[str]:
         if count == 0:
             out.append(f"{kind}: no {kind} error could be computed, so its thresholds cannot be met")
             continue
+        missing = list(summary.get(f"{kind}_missing_runs") or [])
+        allowed = int(stats.get("missing", 0))
+        if len(missing) > allowed:
+            out.append(f"{kind}: {len(missing)} run(s) have no {kind} error ({', '.join(missing)}); "
+                       f"the threshold allows {allowed} ({thresholds.source}; the reports say why)")
         for stat, limit in stats.items():
+            if stat == "missing":
+                continue
             key = f"{kind}_{'mape' if stat == 'mean_pct' else 'max'}"
             value = summary.get(key)
             if value is None or not math.isfinite(float(value)) or float(value) > limit:

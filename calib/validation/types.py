@@ -129,5 +129,7 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
         out[f"{key}_max"] = mx
         out[f"{key}_count"] = len(rs)
         out[f"{key}_configs"] = len({r.config for r in rs})
-        out[f"{key}_missing"] = len([r for r in runs if r.kind == kind and r.error_pct is None])
+        missing = [r.run for r in runs if r.kind == kind and r.error_pct is None]
+        out[f"{key}_missing"] = len(missing)
+        out[f"{key}_missing_runs"] = missing
     return out

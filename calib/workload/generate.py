@@ -77,7 +77,7 @@ class GeneratedStep:
         for key, times in self.replayed[stage].items():
             for it in self.templates[key]:
                 if isinstance(it, O.Op):
-                    out[it] = out.get(it, 0) + times
+                    out[it] = out.get(it, 0) + times * it.repeat
         return out
 
     def materialize(self, rank: int) -> ExecutionTrace:
@@ -136,16 +136,16 @@ class Groups:
         return [rank_of(t, x, s, p) for x in range(d % p.ep, p.dp, p.ep)]
 
     def all_groups(self) -> dict[str, dict[int, list[int]]]:
-        out: dict[str, dict[int, list[int]]] = {}
+        """{kind: {id: ranks}}, built from one representative rank per group."""
         p = self.par
-        for kind in self.base:
-            groups: dict[int, list[int]] = {}
-            for r in range(p.gpus):
-                g = self.gid(kind, r)
-                if g not in groups:
-                    groups[g] = self.members(kind, r)
-            out[kind] = groups
-        return out
+        reps: dict[str, list[int]] = {
+            "tp": [rank_of(0, d, s, p) for s in range(p.pp) for d in range(p.dp)],
+            "dp": [rank_of(t, 0, s, p) for s in range(p.pp) for t in range(p.tp)],
+            "ep": [rank_of(t, d, s, p) for s in range(p.pp) for d in range(0, p.dp, p.ep) for t in range(p.tp)],
+            "edp": [rank_of(t, e, s, p) for s in range(p.pp) for e in range(p.ep) for t in range(p.tp)],
+            "pp": [rank_of(t, d, 0, p) for d in range(p.dp) for t in range(p.tp)],
+        }
+        return {kind: {self.gid(kind, r): self.members(kind, r) for r in reps[kind]} for kind in self.base}
 
 
 # --- trace building -----------------------------------------------------------------------------
@@ -251,12 +251,13 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int]) -> Compiled:
     def flush() -> None:
         if not run:
             return
-        dur = sum(durations[o] for o in run)
-        main = max(run, key=lambda o: durations[o])
+        each = [durations[o] * o.repeat for o in run]
+        main = run[max(range(len(run)), key=each.__getitem__)]
         first, last = run[0].name, run[-1].name
         name = first if first == last else f"{first}..{last}"
-        mem = sum(durations[o] for o in run if o.op_class not in ("gemm", "attention"))
-        out.append(Segment(name, dur, sum(o.flops for o in run), sum(o.bytes for o in run), main.op_class, mem))
+        mem = sum(d for o, d in zip(run, each, strict=True) if o.op_class not in ("gemm", "attention"))
+        out.append(Segment(name, sum(each), sum(o.flops * o.repeat for o in run), sum(o.bytes * o.repeat for o in run),
+                           main.op_class, mem))
         run.clear()
 
     for it in items:

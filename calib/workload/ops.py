@@ -47,6 +47,7 @@ class Op:
     n: int = 0
     k: int = 0
     batch: int = 0
+    repeat: int = 1  # kernels of this shape run back to back (a foreach op's chunks); not an OpRecord field
 
     def record(self) -> dict:
         """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs)."""
@@ -302,7 +303,7 @@ def _router(model: ModelSpec, sh: Shapes) -> list[Op]:
     return [gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype),
             memop("moe.router.softmax", 8 * n, "fp32", "aten::_softmax", 5.0 * n),
             memop("moe.router.topk", 4 * n + 12 * sh.local_tokens * model.top_k, "fp32", "aten::topk"),
-            *[small] * MOE_ROUTING_SMALL_KERNELS]
+            dataclasses.replace(small, repeat=MOE_ROUTING_SMALL_KERNELS)]
 
 
 def _permute(sh: Shapes, routed: int) -> list[Op]:
@@ -510,8 +511,7 @@ def layer_bwd(model: ModelSpec, par: ParallelConfig) -> list[Item]:
 
 def _renamed(item: Item, prefix: str) -> Item:
     if isinstance(item, Op):
-        return Op(prefix + item.name, item.op_class, item.flops, item.bytes, item.dtype, item.aten_op,
-                  item.m, item.n, item.k, item.batch)
+        return dataclasses.replace(item, name=prefix + item.name)
     if isinstance(item, Coll):
         return Coll(prefix + item.name, item.comm_type, item.size_bytes, item.group, item.asynchronous)
     return Wait(prefix + item.name)
@@ -609,7 +609,7 @@ def optimizer_ops(local_params: float, shard_params: float, dtype: str) -> list[
            memop("optimizer.grad_norm", 4 * shard_params, "fp32", "aten::linalg_vector_norm", 2.0 * shard_params)]
     for i, (name, b) in enumerate(ADAM_FOREACH):
         op = memop(f"optimizer.adam.{i}.{name}", b * per_chunk, "fp32", f"aten::_foreach_{name}", per_chunk)
-        ops += [op] * chunks
+        ops.append(dataclasses.replace(op, repeat=chunks))
     if dtype != "fp32":
         ops.append(memop("optimizer.copy_to_model", (4 + 2 * e) * shard_params, dtype, "aten::copy_"))
     return ops
