@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -20,10 +22,20 @@ import time
 MAIN = ["--model", "gpt3-175b", "--tp", "8", "--pp", "16", "--mbs", "1", "--cluster", "dgx-h200"]
 
 
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run(args: list[str]) -> tuple[float, dict | None]:
+    """Wall seconds of one `calib project` process (and its workers) and its JSON; prints the CPU
+    seconds too, since a machine shared with other jobs stretches the wall time."""
     t0 = time.perf_counter()
+    c0 = _children_cpu_s()
     proc = subprocess.run([sys.executable, "-m", "calib", "project", *args], capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    print(f"  ({wall:.2f} s wall, {_children_cpu_s() - c0:.2f} CPU s, load average {os.getloadavg()[0]:.1f})",
+          flush=True)
     if proc.returncode != 0:
         print(proc.stderr.strip(), file=sys.stderr)
         raise SystemExit(f"calib project {' '.join(args)} failed with status {proc.returncode}")

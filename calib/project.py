@@ -239,7 +239,9 @@ def project(
         mfu=mfu, breakdown_s=breakdown, memory_gib_per_gpu=mem.total_gib,
         memory_detail_gib={
             "weights": mem.weights_bytes / GIB, "grads": mem.grads_bytes / GIB, "optimizer": mem.optimizer_bytes / GIB,
-            "activations": mem.activations_bytes / GIB, "capacity": mem.capacity_bytes / GIB, "peak_stage": mem.stage,
+            "activations": mem.activations_bytes / GIB, "transient": mem.working_bytes / GIB,
+            "optimizer_step_transient": mem.optimizer_step_bytes / GIB, "capacity": mem.capacity_bytes / GIB,
+            "peak_stage": mem.stage,
         },
         fits_in_memory=mem.fits, energy_j_per_step=energy, avg_power_w=avg_w, peak_power_w=peak_w, error_band=band,
         calibrated=calibrated, configured=configured, transferred=transferred, notes=notes,

@@ -11,6 +11,7 @@ Known open problems in files other engineers own are marked xfail(strict=True) w
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import shutil
@@ -223,12 +224,32 @@ def _host_without(key: str) -> Callable[[Path], Path]:
     return make
 
 
-def _run_dir(t: Path, names: tuple[str, ...]) -> Path:
+def _run_dir(t: Path, names: tuple[str, ...], truncated: str = "") -> Path:
     d = t / "run"
     d.mkdir()
     for n in names:
         shutil.copy(_sample(n)(t), d / n)
+    if truncated:
+        (d / truncated).write_bytes(_sample(truncated)(t).read_bytes()[:4000])
     return d
+
+
+def _other_sample(name: str) -> Path:
+    other = SAMPLE.parent / "h200x2-mcore-tp2" / name
+    if not other.is_file():
+        pytest.skip(f"shared sample {other} not found")
+    return other
+
+
+def _device_durations(value: float) -> Callable[[Path], Path]:
+    """The real rank-0 Kineto trace with every event's duration replaced (NaN, negative)."""
+    def make(t: Path) -> Path:
+        data = json.loads(gzip.decompress(_sample("device.0.json.gz")(t).read_bytes()))
+        for e in data["traceEvents"]:
+            if "dur" in e:
+                e["dur"] = value
+        return _write(t, "device.0.json", json.dumps(data))
+    return make
 
 
 CONVERT_CASES = [
@@ -251,6 +272,16 @@ CONVERT_CASES = [
                                                 "-o", t / "out"], "rank 1 has a host trace but no device trace"),
     Case("convert-dir-empty", lambda t: ["trace", "convert", "--dir", _run_dir(t, ()), "-o", t / "out"], "no host.N.json"),
     Case("convert-dir-not-folder", lambda t: ["trace", "convert", "--dir", _write(t, "f", "x"), "-o", t / "out"], "not a folder"),
+    Case("convert-traces-of-other-runs", _convert(lambda t: _other_sample("host.0.json.gz"), _sample("device.0.json.gz")),
+         "different runs or ranks"),
+    Case("convert-host-nodes-malformed", _convert(lambda t: _write(t, "host.0.json", json.dumps({"schema": "1.1.1-chakra.0.0.4", "nodes": [1]})),
+                                                  _sample("device.0.json.gz")), "malformed host execution trace"),
+    Case("convert-device-events-not-list", _convert(_sample("host.0.json.gz"), lambda t: _write(t, "device.0.json", '{"traceEvents": 5}')),
+         "not a list of event objects"),
+    Case("convert-device-nan-duration", _convert(_sample("host.0.json.gz"), _device_durations(float("nan"))), "bad 'dur'"),
+    Case("convert-device-negative-duration", _convert(_sample("host.0.json.gz"), _device_durations(-5)), "negative duration"),
+    Case("convert-dir-one-rank-truncated", lambda t: ["trace", "convert", "--dir", _run_dir(t, ("host.0.json.gz", "device.0.json.gz", "host.1.json.gz"),
+                                                                                        truncated="device.1.json.gz"), "-o", t / "out"], "truncated"),
     Case("convert-no-inputs", lambda t: ["trace", "convert", "-o", t / "out.et"], "needs HOST and DEVICE"),
 ]
 
@@ -294,6 +325,9 @@ SIM_CASES = [
     Case("sim-send-without-recv", lambda t: _sim(t, lambda r: [_send(0, 1)] if r == 0 else [_gpu_node(0)]), "no matching receive"),
     Case("sim-send-outside", lambda t: _sim(t, lambda r: [_send(0, 5)]), "outside the 2 ranks"),
     Case("sim-negative-size", lambda t: _sim(t, lambda r: [_allreduce(0, size=-5)]), "negative comm_size"),
+    Case("sim-negative-duration", lambda t: _sim(t, lambda r: [_with_attr(_gpu_node(0), "duration_ns", -5, "int64_val")]),
+         "rank 0: node 0 ('n0') has a negative duration"),
+    Case("sim-invalid-node-type", lambda t: _sim(t, lambda r: [_with_type(_gpu_node(0), 99)]), "rank 0: node 0 ('n0') has node type 99"),
     Case("sim-missing-rank-et", lambda t: _sim(t, ranks=1), "et.1.et is missing"),
     Case("sim-truncated-et", lambda t: (_sim(t), _truncate("wl/et.1.et", 20)(t))[0], "truncated Chakra ET"),
     Case("sim-dims-fewer-than-ets", lambda t: _sim(t, ranks=4), "network has only 2 NPUs"),
@@ -322,6 +356,16 @@ SIM_CASES = [
 ]
 
 
+def _with_attr(n: Node, name: str, value: object, slot: str) -> Node:
+    n.set_attr(name, value, slot)
+    return n
+
+
+def _with_type(n: Node, node_type: int) -> Node:
+    n.type = node_type  # type: ignore[assignment] - a value outside NodeType, as a corrupt file has
+    return n
+
+
 def _named_group(n: Node) -> Node:
     n.set_attr("pg_name", "42")
     return n
@@ -334,6 +378,12 @@ def test_sim(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 # ----------------------------------------------------------------------------------------------
 # calib measure (CPU path: every case fails before anything is launched)
+
+def _need_torch() -> None:
+    # find_spec, not importorskip: importing torch costs seconds, and these errors come before it is needed
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (pip install -e .[measure])")
+
 
 def _train(*args: str) -> Build:
     return lambda t: ["measure", "train", "--device", "cpu", "--steps", "1", "--warmup", "0", *args, "-o", t / "bundle"]
@@ -366,7 +416,7 @@ MEASURE_CASES = [
 
 @pytest.mark.parametrize("case", [c.param() for c in MEASURE_CASES])
 def test_measure(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
+    _need_torch()
     run_bad(case, tmp_path, capsys)
 
 
@@ -375,7 +425,7 @@ def test_measure_run_that_dies_is_one_error_line_and_a_failed_bundle(
 ) -> None:
     """A rank lost mid-run (here: made to crash) ends in one error line and a bundle marked failed, never
     a complete-looking one; the output is relative to a cwd other than the repo (workers run in the repo)."""
-    pytest.importorskip("torch")
+    _need_torch()
     monkeypatch.setenv("CALIB_TEST_FAIL_RANK", "1")
     monkeypatch.chdir(tmp_path)
     rc = main(["measure", "train", "--device", "cpu", "--model", "gpt3-1.3b@L2", "--dp", "2", "--gbs", "4",
@@ -448,6 +498,23 @@ def h200_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _cluster_nan_bandwidth(t: Path) -> Path:
+    import yaml
+
+    c = yaml.safe_load((ROOT / "simconfigs" / "h200-8.yaml").read_text())
+    c["network"]["dims"][0]["bandwidth_bytes_per_s"]["value"] = float("nan")
+    return _write(t, "cluster.yaml", yaml.safe_dump(c))
+
+
+def _model_file(t: Path, **change: object) -> Path:
+    import yaml
+
+    arch = dict(name="m", layers=4, hidden=4096, ffn_hidden=14336, heads=32, kv_groups=8, seq_length=2048, vocab=128256,
+                experts=0, top_k=0, norm="rmsnorm", activation="swiglu")
+    arch.update(change)
+    return _write(t, "model.yaml", yaml.safe_dump(arch))
+
+
 def _project(*args: str) -> Build:
     return lambda t: ["project", "--gbs", "64", "--calibration", "none", *args]
 
@@ -459,6 +526,10 @@ PROJECT_CASES = [
          "schema must be 'calib.cluster/1'"),
     Case("project-model-file-incomplete", lambda t: _project("--model", _write(t, "m.yaml", "name: m\nlayers: 2\n"), "--gpus", "8")(t),
          "missing model key"),
+    Case("project-cluster-nan-bandwidth", lambda t: _project("--model", "llama3-8b", "--gpus", "8", "--cluster", _cluster_nan_bandwidth(t))(t),
+         "bandwidth_bytes_per_s.value: must be a finite non-negative number, got nan"),
+    Case("project-model-nan-hidden", lambda t: _project("--model", _model_file(t, hidden=float("nan")), "--gpus", "8")(t),
+         "hidden must be a positive integer, got nan"),
     Case("project-gpus-not-tp-pp-dp", _project("--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--dp", "4"),
          "must equal TP x PP x DP"),
     Case("project-gpus-not-multiple-of-tp", _project("--model", "llama3-8b", "--gpus", "8", "--tp", "3"), "not a multiple of TP x PP"),
@@ -510,10 +581,12 @@ def test_project_calibration_from_another_gpu(cluster: str, h200_calibration: Pa
 # ----------------------------------------------------------------------------------------------
 # calib validate (no held-out fits: the bad input must be refused before or without them)
 
-def _validate(bundle: Callable[[Path], Path], calibration: Callable[[Path], Path | str] | None = None, out: str = "reports") -> Build:
+def _validate(bundle: Callable[[Path], Path], calibration: Callable[[Path], Path | str] | None = None, out: str = "reports",
+              replay: bool = True) -> Build:
     def build(t: Path) -> Argv:
         cal = calibration(t) if calibration else t / "no-calibration.yaml"
-        return ["validate", "--no-heldout", "--no-write-calibration", bundle(t), "--calibration", cal, "--out", t / out]
+        return ["validate", "--no-heldout", "--no-write-calibration", "--replay" if replay else "--no-replay", bundle(t),
+                "--calibration", cal, "--out", t / out]
     return build
 
 
@@ -547,8 +620,16 @@ def test_validate_nothing_to_validate(what: str, h200_calibration: Path, tmp_pat
 @pytest.mark.xfail(strict=True, reason="calib/validate.py writes reports into --out without checking it: FileExistsError "
                    "traceback when --out is a file, after progress lines on stderr")
 def test_validate_out_is_a_file(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_bad(Case("validate-out-is-file", lambda t: (_write(t, "f", "x"), _validate(_real(GOOD), lambda _: h200_calibration, "f")(t))[1],
+    run_bad(Case("validate-out-is-file", lambda t: (_write(t, "f", "x"), _validate(_real(GOOD), lambda _: h200_calibration, "f", replay=False)(t))[1],
                  "f"), tmp_path, capsys)
+
+
+@pytest.mark.xfail(strict=True, reason="calib validate --check --thresholds MISSING.yaml: the thresholds file is read only after "
+                   "the whole validation ran, and the progress lines already on stderr make the error one line of several")
+def test_validate_thresholds_missing(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_bad(Case("validate-thresholds-missing",
+                 lambda t: [*_validate(_real(GOOD), lambda _: h200_calibration, replay=False)(t), "--check", "--thresholds", t / "nope.yaml"],
+                 "nope.yaml does not exist"), tmp_path, capsys)
 
 
 @pytest.mark.xfail(strict=True, reason="calib validate on a bundle whose ET is truncated: exit 0; the replay row only gets a "
@@ -572,3 +653,25 @@ def test_usage_errors_are_one_line(argv: Argv, says: str, capsys: pytest.Capture
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and says in err
+
+
+def test_convert_writes_no_rank_when_one_cannot_be_encoded(tmp_path: Path) -> None:
+    """Rank 1 cannot be written (a negative duration): rank 0 must not be left behind as a converted run."""
+    from calib.convert.run import RunConversion, write_outputs
+    from calib.errors import CalibError
+
+    bad = _gpu_node(0)
+    bad.duration_micros = -3
+    conv = RunConversion({0: ExecutionTrace(nodes=[_gpu_node(0)]), 1: ExecutionTrace(nodes=[bad])}, {}, pd.DataFrame(), pd.DataFrame())
+    with pytest.raises(CalibError, match="cannot write node 0"):
+        write_outputs(conv, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_sim_astrasim_that_stops_early(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binary named by a relative path (it runs in another folder) that reports only rank 0: one error line."""
+    monkeypatch.chdir(tmp_path)
+    fake = _write(tmp_path, "fake_astra.sh", "#!/bin/sh\necho 'sys[0] finished, 10 cycles, exposed communication 5 cycles.'\n")
+    fake.chmod(0o755)
+    run_bad(Case("sim-astrasim-incomplete", lambda t: _sim(t, extra=["--backend=astrasim", "--astra-sim-bin=./fake_astra.sh"]),
+                 "reported 1 of 2 ranks"), tmp_path, capsys)

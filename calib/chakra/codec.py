@@ -163,7 +163,10 @@ def _encode(trace: ExecutionTrace) -> bytes:
             bodies.append(fast.node(node))
         except _FAST_PATH_ERRORS:
             # the protobuf runtime: same bytes, and the one-line error for a value that does not fit
-            bodies.append(node_to_pb(node).SerializeToString())
+            try:
+                bodies.append(node_to_pb(node).SerializeToString())
+            except (ValueError, TypeError) as exc:  # e.g. a negative duration_micros (uint64 field)
+                raise CalibError(f"cannot write node {node.id} ({node.name!r}): {exc}") from None
     for body in bodies:
         if not body:
             # A 0 length ends the file for every reader: an all-default message cannot be framed.

@@ -25,6 +25,17 @@ def us_to_ns(us: float) -> int:
     return int(round(float(us) * 1000.0))
 
 
+def _event_ns(e: dict[str, Any], key: str, path: Path) -> int:
+    """An event's `ts`/`dur` in ns; NaN, infinite or negative durations are bad input, not numbers."""
+    try:
+        ns = us_to_ns(e.get(key, 0))
+    except (TypeError, ValueError, OverflowError):
+        raise CalibError(f"{path}: event {e.get('name')!r} has a bad {key!r} {e.get(key)!r}") from None
+    if key == "dur" and ns < 0:
+        raise CalibError(f"{path}: event {e.get('name')!r} has a negative duration {e.get(key)!r} us")
+    return ns
+
+
 @dataclass(slots=True)
 class GpuActivity:
     kind: str  # kernel | memcpy | memset
@@ -68,6 +79,15 @@ class KinetoTrace:
 def parse_kineto(data: Any, path: Path) -> KinetoTrace:
     if not isinstance(data, dict) or "traceEvents" not in data:
         raise CalibError(f"{path}: not a Kineto trace (no 'traceEvents')")
+    if not isinstance(data["traceEvents"], list) or not all(isinstance(e, dict) for e in data["traceEvents"]):
+        raise CalibError(f"{path}: malformed Kineto trace: 'traceEvents' is not a list of event objects")
+    try:
+        return _parse_kineto(data, path)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong shape: one line
+        raise CalibError(f"{path}: malformed Kineto trace ({type(exc).__name__}: {exc})") from None
+
+
+def _parse_kineto(data: dict[str, Any], path: Path) -> KinetoTrace:
     dist = data.get("distributedInfo") or {}
     kt = KinetoTrace(
         path=path,
@@ -87,14 +107,14 @@ def parse_kineto(data: Any, path: Path) -> KinetoTrace:
             if "ts" not in e or "dur" not in e:
                 raise CalibError(f"{path}: GPU event {e.get('name')!r} lacks 'ts' or 'dur'")
             kt.gpu.append(GpuActivity(GPU_CATS[cat], str(e.get("name", "")), int(args.get("stream", e.get("tid", 0))),
-                                      us_to_ns(e["ts"]), us_to_ns(e["dur"]), args.get("correlation"), args))
+                                      _event_ns(e, "ts", path), _event_ns(e, "dur", path), args.get("correlation"), args))
         elif cat == "cuda_sync":
             if "wait_on_stream" in args and args.get("correlation") is not None:
                 rec = args.get("wait_on_cuda_event_record_corr_id")
                 if rec is not None:
                     kt.stream_waits[int(args["correlation"])] = (int(args.get("stream", -1)), int(args["wait_on_stream"]), int(rec))
         elif cat in LAUNCH_CATS:
-            call = RuntimeCall(str(e.get("name", "")), e.get("tid"), us_to_ns(e.get("ts", 0)), us_to_ns(e.get("dur", 0)),
+            call = RuntimeCall(str(e.get("name", "")), e.get("tid"), _event_ns(e, "ts", path), _event_ns(e, "dur", path),
                                args.get("correlation"), args.get("External id"))
             kt.calls.append(call)
             if call.correlation is not None:
@@ -103,8 +123,8 @@ def parse_kineto(data: Any, path: Path) -> KinetoTrace:
             pids[e.get("pid")] += 1
             name = str(e.get("name", ""))
             if name.startswith("ProfilerStep#") and name[13:].isdigit():
-                start = us_to_ns(e.get("ts", 0))
-                kt.steps.append((start, start + us_to_ns(e.get("dur", 0)), int(name[13:])))
+                start = _event_ns(e, "ts", path)
+                kt.steps.append((start, start + _event_ns(e, "dur", path), int(name[13:])))
             if "Record function id" in args:
                 kt.has_record_ids = True
             ext = args.get("External id")

@@ -6,6 +6,7 @@ atomically, so a failure never leaves a set of outputs that looks complete.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calib.chakra.codec import write_bytes_atomic, write_et
+from calib.chakra.codec import encode, write_bytes_atomic, write_et
 from calib.chakra.model import ExecutionTrace
 from calib.convert.build import CommInstance, RankBuild, build_rank
 from calib.convert.host import read_host
@@ -147,12 +148,19 @@ def find_rank_traces(run_dir: Path) -> tuple[dict[int, Path], dict[int, Path]]:
 
 
 def write_outputs(conv: RunConversion, out_dir: Path, compress: bool = False) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Encode every rank before writing any: a rank that cannot be encoded must not leave the
+    # others behind as a run folder that looks converted.
     suffix = ".et.gz" if compress else ".et"
+    blobs: dict[str, bytes] = {}
     for rank, trace in sorted(conv.traces.items()):
-        write_et(trace, out_dir / f"rank.{rank}{suffix}")
+        data = encode(trace)
+        blobs[f"rank.{rank}{suffix}"] = gzip.compress(data, mtime=0) if compress else data
     groups = {str(k): v for k, v in conv.comm_groups.items()}
-    write_bytes_atomic(out_dir / "comm_groups.json", (json.dumps(groups, indent=1) + "\n").encode())
+    blobs["comm_groups.json"] = (json.dumps(groups, indent=1) + "\n").encode()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CalibError(f"{out_dir}: cannot write the rank ETs there: it is a file, expected a folder")
+    for name, data in blobs.items():
+        write_bytes_atomic(out_dir / name, data)
 
 
 def convert_run(run_dir: str | Path, out_dir: str | Path, compress: bool = False) -> RunConversion:

@@ -69,6 +69,8 @@ def _duration_ns(node: Node, system: SystemConfig) -> int:
         perf = min(system.peak_perf_tflops * 1e12, system.local_mem_bw_gbps * 1e9 * (ops / size))
         return int(ops / perf * 1e9) if perf > 0 else 0
     d = node.duration_ns
+    if d < 0:  # only a duration_ns attribute in a signed slot can be negative; never clamp it to 1 ns
+        raise CalibError(f"node {node.id} ({node.name!r}) has a negative duration ({d} ns)")
     return d if d > 0 else 1
 
 
@@ -101,7 +103,11 @@ def _build(index: int, rep: int, trace_nodes: list[Node]) -> _Timeline:
             children[j].append(i)
             pending[i] += 1
     _check_acyclic(rep, nodes, children, pending)
-    return _Timeline(index, rep, nodes, [_resource(n) for n in nodes], children, pending, start=[-1] * len(nodes), end=[-1] * len(nodes))
+    try:
+        resources = [_resource(n) for n in nodes]
+    except CalibError as exc:
+        raise CalibError(f"rank {rep}: {exc}") from None
+    return _Timeline(index, rep, nodes, resources, children, pending, start=[-1] * len(nodes), end=[-1] * len(nodes))
 
 
 def _check_acyclic(rep: int, nodes: list[Node], children: list[list[int]], pending: list[int]) -> None:
@@ -216,7 +222,10 @@ class AnalyticalSimulator:
             tl.start[i] = t
             ntype = node.type
             if ntype == NodeType.COMP_NODE:
-                d = _duration_ns(node, system)
+                try:
+                    d = _duration_ns(node, system)
+                except CalibError as exc:
+                    raise CalibError(f"rank {tl.rep}: {exc}") from None
                 if tl.resource[i] == GPU:
                     tl.gpu_ns += d
                 finish_at(tl, i, t + d)

@@ -111,7 +111,8 @@ def find_binary(astra_sim_bin: str | None) -> str:
     found = shutil.which(path)
     if found is None:
         raise CalibError(f"ASTRA-sim binary {path!r} does not exist or is not executable")
-    return found
+    # The binary runs in its own work folder: a relative path (./astra_sim) must not change meaning.
+    return str(Path(found).absolute())
 
 
 def run_astrasim(
