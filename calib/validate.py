@@ -94,7 +94,7 @@ def _heldout_group(key: str, group_paths: list[str], other_paths: list[str]) -> 
     group = [read_bundle(p) for p in group_paths]
     others = [read_bundle(p) for p in other_paths]
     out: dict = {"key": key, "fitted_on": [b.id for b in others], "predictions": {}, "note": "",
-                 "kernel": [], "collective": [], "energy": [], "model_notes": []}
+                 "kernel": [], "kernel_time_s": [0.0, 0.0], "collective": [], "energy": [], "model_notes": []}
     try:
         cal = engine.fit(others)
     except Exception as exc:  # noqa: BLE001 - reported per configuration, never a traceback
@@ -109,7 +109,12 @@ def _heldout_group(key: str, group_paths: list[str], other_paths: list[str]) -> 
             out["predictions"][b.id] = {"note": f"held-out prediction failed: {_one_line(exc)}"}
         for name, score in (("kernel", _kernel_errors), ("collective", _collective_errors)):
             try:
-                out[name] += score(b, cal)
+                errs = score(b, cal)
+                if name == "kernel":  # (percent errors, |predicted - measured| summed, measured summed)
+                    errs, abs_diff_s, measured_s = errs
+                    out["kernel_time_s"][0] += abs_diff_s
+                    out["kernel_time_s"][1] += measured_s
+                out[name] += errs
             except Exception as exc:  # noqa: BLE001 - a per-model figure missing, said in the notes
                 out["model_notes"].append(f"{b.id}: {name} errors not computed ({_one_line(exc)})")
         energy = out["predictions"][b.id].get("energy_j")
@@ -119,21 +124,23 @@ def _heldout_group(key: str, group_paths: list[str], other_paths: list[str]) -> 
     return out
 
 
-def _kernel_errors(b: Bundle, cal: object) -> list[float]:
+def _kernel_errors(b: Bundle, cal: object) -> tuple[list[float], float, float]:
     """Relative errors (percent) of the held-out fit's kernel model on this run's measured kernels
-    (the rows `calib fit` would fit on: compute kernels, not communication)."""
+    (the rows `calib fit` would fit on: compute kernels, not communication), plus the summed
+    absolute error and summed measured time (seconds) for a time-weighted figure."""
     from calib.fit import kernel_rows
 
     df, _ = kernel_rows([b])
     if df.empty:
-        return []
+        return [], 0.0, 0.0
     try:
         pred = np.asarray(cal.kernel_model().predict(df), dtype=float)  # type: ignore[attr-defined]
     except CalibError:  # the held-out fit has no kernel model: no figure
-        return []
+        return [], 0.0, 0.0
     meas = df["time_s"].to_numpy(dtype=float)
     ok = np.isfinite(pred) & (pred > 0)
-    return (100.0 * (pred[ok] - meas[ok]) / meas[ok]).tolist()
+    errs = (100.0 * (pred[ok] - meas[ok]) / meas[ok]).tolist()
+    return errs, float(np.abs(pred[ok] - meas[ok]).sum()), float(meas[ok].sum())
 
 
 def _collective_errors(b: Bundle, cal: object) -> list[float]:
@@ -324,10 +331,13 @@ def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdo
     by_id = {b.id: b for b in training}
     runs: list[RunError] = []
     kernel: list[float] = []
+    kernel_abs_s = kernel_meas_s = 0.0
     coll: list[float] = []
     energy: list[float] = []
     for res in results:
         kernel += res["kernel"]
+        kernel_abs_s += res["kernel_time_s"][0]
+        kernel_meas_s += res["kernel_time_s"][1]
         coll += res["collective"]
         energy += res["energy"]
         notes += res["model_notes"]
@@ -348,6 +358,11 @@ def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdo
     ):
         mape, mx = error_stats(errs)
         models.append(ModelError(name, mape, mx, len(errs), HELDOUT, what))
+    if kernel_meas_s > 0:
+        models.insert(1, ModelError(
+            "kernel.time_weighted", 100.0 * kernel_abs_s / kernel_meas_s, None, len(kernel), HELDOUT,
+            "sum over the held-out runs' kernels of |predicted - measured| / sum of measured (what a step sees)",
+        ))
     return runs, models
 
 
@@ -409,8 +424,9 @@ def write_validation_section(path: Path, report: ValidationReport) -> None:
     section = {
         "units": "percent of the measured step time",
         "heldout_mape": s.get("heldout_mape"), "heldout_max": s.get("heldout_max"),
-        "heldout_count": s.get("heldout_count"),
+        "heldout_count": s.get("heldout_count"), "heldout_configs": s.get("heldout_configs"),
         "replay_mape": s.get("replay_mape"), "replay_max": s.get("replay_max"), "replay_count": s.get("replay_count"),
+        "replay_configs": s.get("replay_configs"), "replay_missing": s.get("replay_missing"),
         "in_sample_mape": s.get("in_sample_mape"), "in_sample_max": s.get("in_sample_max"),
         "method": "leave-one-configuration-out over the real GPU training bundles (calib validate)",
         "runs": [

@@ -79,6 +79,11 @@ def summary_lines(report: ValidationReport) -> list[tuple[str, str, str, str, st
     return rows
 
 
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def markdown(report: ValidationReport) -> str:
     s = report.summary
     cal = report.calibration
@@ -107,11 +112,11 @@ def markdown(report: ValidationReport) -> str:
         lines.append(
             f"| {r.run} | {KIND_LABEL.get(r.kind, r.kind)} | {r.model} | {r.gpus} | {r.tp}/{r.pp}/{r.dp}/{r.ep} | "
             f"{_ms(r.measured_step_s)} ({r.measured_steps}) | {_ms(r.predicted_step_s)} | "
-            f"{_pct(r.error_pct, signed=True)} | {r.note.replace('|', '/')} |"
+            f"{_pct(r.error_pct, signed=True)} | {_cell(r.note)} |"
         )
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
     for m in report.models:
-        lines.append(f"| {m.model} | {m.kind} | {_pct(m.mape)} | {_pct(m.max)} | {m.count} | {m.method} |")
+        lines.append(f"| {m.model} | {m.kind} | {_pct(m.mape)} | {_pct(m.max)} | {m.count} | {_cell(m.method)} |")
     if report.excluded:
         lines += ["", "## Not counted", "", *(f"- {e['run']}: {e['why']}" for e in report.excluded)]
     if report.notes:
@@ -123,15 +128,19 @@ def print_table(report: ValidationReport, console: object | None = None) -> None
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console()
-    t = Table(title="calib validate: step-time error")
+    con = console or Console(width=max(Console().width, 110))
+    t = Table(title="calib validate: step-time error (measured = median unprofiled step, slowest rank)")
     for col in ("run", "kind", "GPUs", "TP/PP/DP/EP", "measured ms", "predicted ms", "error"):
-        t.add_column(col, justify="right" if col not in ("run", "kind") else "left")
+        t.add_column(col, justify="right" if col not in ("run", "kind") else "left", no_wrap=True)
+    missing = []
     for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
         t.add_row(r.run, KIND_LABEL.get(r.kind, r.kind), str(r.gpus), f"{r.tp}/{r.pp}/{r.dp}/{r.ep}",
-                  _ms(r.measured_step_s), _ms(r.predicted_step_s),
-                  _pct(r.error_pct, signed=True) if r.error_pct is not None else f"n/a ({r.note[:60]})")
+                  _ms(r.measured_step_s), _ms(r.predicted_step_s), _pct(r.error_pct, signed=True))
+        if r.error_pct is None:
+            missing.append(f"n/a  {r.run} ({KIND_LABEL.get(r.kind, r.kind)}): {r.note or 'no prediction'}")
     con.print(t)
+    for line in missing:
+        con.print(line, markup=False, highlight=False)
     s = Table(title="summary (mean / max absolute error)")
     for col in ("kind", "mean", "max", "runs", "configs", "threshold (goal)"):
         s.add_column(col)
