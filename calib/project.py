@@ -156,7 +156,15 @@ def project(
         kernel_time = roofline_kernel_time(cluster)
         configured.append("kernel times: roofline at datasheet peaks (no kernel model)")
         notes.append("no calibrated kernel model: compute times are the datasheet roofline, an optimistic bound")
-    gen = generate(model, par, kernel_time)
+    # Host launches and syncs (calib.models.host), when the calibration has a host model.
+    host = None
+    if calibration is not None and getattr(calibration, "host", None):
+        host = calibration.host_model()  # type: ignore[attr-defined]
+        calibrated.append(f"host: {host.launch_s * 1e6:.1f} us per kernel launch, {host.sync_s * 1e6:.0f} us per host "
+                          "sync (host model)")
+        if mismatch:
+            transferred.append(f"host model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
+    gen = generate(model, par, kernel_time, host)
     t_gen = time.perf_counter()
 
     # Network and system.

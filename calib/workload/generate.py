@@ -14,12 +14,17 @@ only where the result is consumed. Consecutive compute ops with no communication
 fused into one node (their durations add up; the simulators run one compute node at a time per
 rank anyway), which keeps 8,192-GPU steps at tens of thousands of nodes.
 Pipeline transfers are send/recv pairs whose (src, dst, tag) match on both sides.
+With a host model (`generate(..., host=)`) every GPU node also gets its host launch CPU ops and
+the host waits at megatron's sync points (calib.workload.host); fused compute nodes keep their
+kernel count and, where the host falls behind inside them, are split so that the step is exactly
+that of launching their kernels one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -29,9 +34,28 @@ from calib.errors import CalibError
 from calib.sim.types import RankClass, SimWorkload
 from calib.workload import ops as O
 from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
+from calib.workload.host import (
+    HOST_SYNC,
+    LAUNCHES,
+    SPLIT_AT,
+    SPLIT_NS,
+    SYNC_AFTER,
+    Launched,
+    add_host,
+    concat,
+    summarize,
+)
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig, coords, rank_of
 from calib.workload.schedule import Pass, stage_schedule
+
+
+class HostCosts(Protocol):
+    """The host model's costs as the generator needs them (calib.models.host.HostModel has them)."""
+
+    launch_s: float
+    sync_s: float
+
 
 # Seconds of each op record (a DataFrame with the OpRecord fields) -> np.ndarray of seconds.
 KernelTime = Callable[[pd.DataFrame], np.ndarray]
@@ -50,6 +74,8 @@ class Segment:
     bytes: float
     op_class: str
     memory_ns: int = 0  # part of duration_ns spent in memory-bound ops (the power model's "memory" activity)
+    launched: Launched | None = None  # its kernels as the host launches them (with a host model)
+    sync: bool = False  # the host waits for it before launching more (calib.workload.host.SYNC_AFTER)
 
 
 Compiled = list  # list[Segment | O.Coll | O.Wait]
@@ -154,7 +180,11 @@ class Groups:
 class TraceBuilder:
     """Appends nodes with the data-flow rules of the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, launch_ns: int | None = None) -> None:
+        # With a host model: record launches, split points and sync points for calib.workload.host.
+        self.launch_ns = launch_ns
+        self.host = launch_ns is not None
+        self.launched: dict[int, Launched] = {}
         self.nodes: list[Node] = []
         self.frontier: list[int] = []
         self.last_compute: int | None = None
@@ -169,7 +199,8 @@ class TraceBuilder:
         self.memory_ns += seg.memory_ns
         nid = len(self.nodes)
         prev = self.nodes[-1] if self.nodes else None
-        if prev is not None and prev.id == self.last_compute and self.frontier == [prev.id]:
+        mergeable = not (self.host and prev is not None and prev.attr(HOST_SYNC, False))
+        if mergeable and prev is not None and prev.id == self.last_compute and self.frontier == [prev.id]:
             # Nothing was issued or awaited since the previous compute node: extend it (same stream,
             # same dependencies), which keeps the node count down across layer boundaries.
             a = prev.attrs
@@ -177,6 +208,10 @@ class TraceBuilder:
             a[2].value += int(seg.bytes)
             a[3].value += seg.duration_ns
             prev.duration_micros = int(round(a[3].value / 1000))
+            if self.host and seg.launched is not None and self.launch_ns is not None:
+                both = concat(self.launched[prev.id], seg.launched, self.launch_ns)
+                self.launched[prev.id] = both
+                a[6].value, a[7].value, a[8].value, a[9].value = both.n, seg.sync, both.at, both.tail_ns
             if not prev.name.endswith("+"):
                 prev.name += "+"
             return prev.id
@@ -190,6 +225,10 @@ class TraceBuilder:
                 Attr("category", "compute", "string_val"), Attr("op_class", seg.op_class, "string_val"),
             ],
         )
+        if self.host and seg.launched is not None:
+            lx = self.launched[nid] = seg.launched
+            node.attrs += [Attr(LAUNCHES, lx.n, "int64_val"), Attr(HOST_SYNC, seg.sync, "bool_val"),
+                           Attr(SPLIT_AT, lx.at, "int64_val"), Attr(SPLIT_NS, lx.tail_ns, "int64_val")]
         self.frontier = [nid]
         self.last_compute = nid
         return self._add(node)
@@ -230,6 +269,8 @@ class TraceBuilder:
                 Attr("category", "pp"),
             ],
         )
+        if self.host:  # megatron-core's batched p2p ends in torch.cuda.synchronize() (batch_p2p_sync)
+            node.attrs.append(Attr(HOST_SYNC, True, "bool_val"))
         self._add(node)
         if not send and nid not in self.frontier:
             self.frontier.append(nid)
@@ -244,7 +285,10 @@ class TraceBuilder:
 # --- templates to segments ----------------------------------------------------------------------
 
 
-def _compile(items: list[O.Item], durations: dict[O.Op, int]) -> Compiled:
+def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozenset[str] = frozenset(),
+             launch_ns: int | None = None) -> Compiled:
+    """Fuse runs of compute ops into segments; with `sync_after` a run also ends after an op the host
+    synchronises on (the segment is marked `sync`)."""
     out: Compiled = []
     run: list[O.Op] = []
 
@@ -257,12 +301,16 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int]) -> Compiled:
         name = first if first == last else f"{first}..{last}"
         mem = sum(d for o, d in zip(run, each, strict=True) if o.op_class not in ("gemm", "attention"))
         out.append(Segment(name, sum(each), sum(o.flops * o.repeat for o in run), sum(o.bytes * o.repeat for o in run),
-                           main.op_class, mem))
+                           main.op_class, mem,
+                           None if launch_ns is None else summarize([(durations[o], o.repeat) for o in run], launch_ns),
+                           run[-1].name in sync_after))
         run.clear()
 
     for it in items:
         if isinstance(it, O.Op):
             run.append(it)
+            if it.name in sync_after:
+                flush()
         else:
             flush()
             out.append(it)
@@ -282,11 +330,17 @@ def check_supported(model: ModelSpec, par: ParallelConfig) -> None:
         raise CalibError(f"sequence parallel: TP {par.tp} does not divide sequence length {model.seq_length}")
 
 
-def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> GeneratedStep:
-    """The workload of one training step of `model` under `par` (see module docstring)."""
+def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, host: HostCosts | None = None) -> GeneratedStep:
+    """The workload of one training step of `model` under `par` (see module docstring). With `host`
+    (calib.models.host.HostModel or anything with `launch_s` and `sync_s` in seconds) every GPU node
+    gets its host launch and megatron's host sync points are kept (calib.workload.host); without
+    it the step is GPU-bound, as before."""
     check_supported(model, par)
-    ctx = _StepContext(model, par, kernel_time)
+    ctx = _StepContext(model, par, kernel_time, None if host is None else int(round(float(host.launch_s) * 1e9)))
     classes = [_Stage(ctx, p).build() for p in range(par.pp)]
+    if host is not None:
+        for c, _, _ in classes:
+            c.trace = add_host(c.trace, float(host.launch_s), float(host.sync_s), in_place=True)
     comm_groups: dict[int, list[int]] = {}
     by_kind = ctx.groups.all_groups()
     for g in by_kind.values():
@@ -297,7 +351,8 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> 
 
     workload = SimWorkload(num_ranks=par.gpus, classes=[c for c, _, _ in classes], comm_groups=comm_groups,
                            materialize=materialize)
-    compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE) * 1e-9 for c, _, _ in classes]
+    compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE and not n.is_cpu_op) * 1e-9
+               for c, _, _ in classes]
     return GeneratedStep(
         model=model, par=par, workload=workload, ops=ctx.table, model_flops=model_flops_per_step(model, par),
         hardware_flops=hardware_flops_per_step(model, par), stage_compute_s=compute,
@@ -312,8 +367,10 @@ Bucket = tuple[list[int], float, float]  # (layer ids, dense params, expert para
 class _StepContext:
     """What every stage shares: shapes, compiled templates with their kernel times, parameter counts."""
 
-    def __init__(self, model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> None:
+    def __init__(self, model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime,
+                 launch_ns: int | None = None) -> None:
         self.model, self.par = model, par
+        self.launch_ns = launch_ns
         pmodel = O.padded_vocab(model, par.tp)
         self.sh = sh = O.shapes(pmodel, par)
         self.groups = Groups(par)
@@ -352,7 +409,8 @@ class _StepContext:
         table.insert(0, "name", [o.name for o in unique])
         self.table = table
         self.templates = templates
-        self.compiled = {k: _compile(v, self.durations) for k, v in templates.items()}
+        sync_after = frozenset(SYNC_AFTER) if launch_ns is not None else frozenset()
+        self.compiled = {k: _compile(v, self.durations, sync_after, launch_ns) for k, v in templates.items()}
 
     def _optimizer_params(self, stage: int) -> tuple[float, float]:
         """(parameters on one GPU of `stage`, the part its optimizer updates)."""
@@ -380,7 +438,7 @@ class _Stage:
         self.ctx, self.p = ctx, stage
         self.par = ctx.par
         self.me = ctx.rep(stage)
-        self.b = TraceBuilder()
+        self.b = TraceBuilder(ctx.launch_ns)
         self.gids = {k: ctx.groups.gid(k, self.me) for k in ctx.groups.base}
         self.buckets = {c: self._buckets(c) for c in range(self.par.vpp)}
         self.gather_wait: dict[int, list[str]] = {}

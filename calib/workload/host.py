@@ -1,0 +1,280 @@
+"""The host thread of a training step, as ASTRA-sim can express it: kernel launches and sync points.
+
+Eager PyTorch launches every kernel from one Python thread. When launching takes longer than the
+GPU needs to run what was launched, the GPU starves: the step is host-bound. Where the host reads a
+GPU result (megatron's alltoall token dispatcher copies the routing counts to the host in every
+MoE layer's forward), the host stops until the GPU has caught up, and the GPU then idles until
+the host has launched the next kernels.
+
+In the ET this becomes (`add_host`):
+- every GPU node (compute, collective, send, receive) gets a preceding `is_cpu_op` COMP node, its
+  launch, whose duration is the launch cost; the GPU node depends on it (data dependency);
+- the launches form one chain in program order (node id order) by control dependencies, so the
+  simulators, which run one CPU op at a time per rank, run them back to back;
+- a GPU node standing for n fused kernels (attr `launches`, set by the generator) may start after
+  the launch of its first kernel; where the host falls behind inside it (`Launched`: attrs
+  `host_split_at`, `host_split_ns`) it is split in two, the second part also waiting for the
+  launches up to that kernel, which makes the fused node end exactly when its n kernels launched
+  one by one would; the remaining launches follow on the host chain before the next node's;
+- a GPU node marked `host_sync` makes the next launch wait for it (data dependency), and that
+  launch also carries the host's time from the sync to the next launch (`sync_s`).
+The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`) so that
+`set_host_costs` can re-cost a trace in place, which is how the host model is fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
+from calib.errors import CalibError
+from calib.sim.types import RankClass, SimWorkload
+
+LAUNCHES = "launches"  # attr: kernel launches a (fused) GPU node stands for
+SPLIT_AT = "host_split_at"  # attr: the kernel of a fused node from which on the host can be behind
+SPLIT_NS = "host_split_ns"  # attr: GPU time of the fused node from that kernel on
+HOST_SYNC = "host_sync"  # attr: the host waits for this GPU node before its next launch
+ROLE = "host_role"  # attr of inserted nodes: "launch" (the first kernel) | "launch_rest"
+ROLE_LAUNCHES = "host_launches"
+ROLE_AFTER_SYNC = "host_after_sync"
+
+# Ops after which megatron-core synchronises the host (generated workloads), with why.
+SYNC_AFTER: dict[str, str] = {
+    "moe.router.bookkeeping": "MoE routing counts copied to the host (alltoall token dispatcher, every layer's "
+                              "forward, every micro-batch)",
+    "optimizer.grad_norm": "gradient norm read by the host for clipping (megatron's optimizer step; the profiled "
+                           "steps show device-to-host copies after the norm reductions)",
+}
+# Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
+# torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.
+
+
+
+@dataclass(frozen=True)
+class Launched:
+    """Host-bound summary of n kernels launched back to back, `launch_ns` apart, on one stream.
+
+    With the host starting to launch at h and the GPU free at g, kernel j can start once launched
+    (h + (j + 1) x launch_ns) and once kernel j - 1 is done, so the last one ends at
+    max(max(g, h + launch_ns) + total, h + (at + 1) x launch_ns + tail_ns), where `at` maximises
+    (j + 1) x launch_ns + (GPU time of kernels j..n-1) and `tail_ns` is that GPU time. A fused node
+    split at `at`, its second part waiting for the launches up to `at`, ends exactly then.
+    """
+
+    n: int
+    total_ns: int
+    at: int = 0
+    tail_ns: int = 0
+
+    def bound_ns(self, launch_ns: int) -> int:
+        return (self.at + 1) * launch_ns + self.tail_ns
+
+
+def summarize(kernels: list[tuple[int, int]], launch_ns: int) -> Launched:
+    """`kernels`: (duration_ns, count) runs in launch order."""
+    out = Launched(0, 0)
+    for d, r in kernels:
+        out = concat(out, _block(d, r, launch_ns), launch_ns)
+    return out
+
+
+def _block(d: int, r: int, launch_ns: int) -> Launched:
+    # (j + 1) c + (r - j) d is linear in j: the best j is the first (c <= d) or the last kernel.
+    if r <= 0:
+        return Launched(0, 0)
+    if launch_ns > d:
+        return Launched(r, r * d, r - 1, d)
+    return Launched(r, r * d, 0, r * d)
+
+
+def concat(a: Launched, b: Launched, launch_ns: int) -> Launched:
+    """The summary of a's kernels followed by b's."""
+    if a.n == 0:
+        return b
+    if b.n == 0:
+        return a
+    first = a.bound_ns(launch_ns) + b.total_ns
+    second = a.n * launch_ns + b.bound_ns(launch_ns)
+    if second > first:
+        return Launched(a.n + b.n, a.total_ns + b.total_ns, a.n + b.at, b.tail_ns)
+    return Launched(a.n + b.n, a.total_ns + b.total_ns, a.at, a.tail_ns + b.total_ns)
+
+
+_GPU_TYPES = (NodeType.COMP_NODE, NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
+
+
+def is_launched(node: Node) -> bool:
+    """A node the host launches: GPU compute or communication (not a CPU op, not metadata)."""
+    return node.type in _GPU_TYPES and not node.is_cpu_op
+
+
+def _duration_ns(launches: int, after_sync: bool, launch_s: float, sync_s: float) -> int:
+    return int(round((launches * launch_s + (sync_s if after_sync else 0.0)) * 1e9))
+
+
+def _attr(name: str, value: object, slot: str) -> Attr:
+    """An Attr with its slot given (skips the slot inference of Attr's constructor: this runs for
+    every launch of an 8,192-GPU step)."""
+    a = object.__new__(Attr)
+    a.name, a.value, a.slot = name, value, slot
+    return a
+
+
+def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, ns: int,
+              ctrl: list[int], data: list[int]) -> Node:
+    return Node(
+        nid, name, NodeType.COMP_NODE, ctrl_deps=ctrl, data_deps=data, duration_micros=int(round(ns / 1000)),
+        attrs=[
+            _attr("is_cpu_op", True, "bool_val"), _attr("duration_ns", ns, "uint64_val"),
+            _attr("category", "cpu", "string_val"), _attr(ROLE, role, "string_val"),
+            _attr(ROLE_LAUNCHES, launches, "int64_val"), _attr(ROLE_AFTER_SYNC, after_sync, "bool_val"),
+        ],
+    )
+
+
+def _split(n: Node) -> tuple[int, int, int]:
+    """(launches, split kernel, GPU ns from it on) of a launched node; split 0 = not split."""
+    k = max(1, int(n.attr(LAUNCHES, 1) or 1))
+    at = int(n.attr(SPLIT_AT, 0) or 0)
+    tail = int(n.attr(SPLIT_NS, 0) or 0)
+    if n.type != NodeType.COMP_NODE or not 0 < at < k or not 0 < tail < n.duration_ns:
+        return k, 0, 0
+    return k, at, tail
+
+
+def _part(n: Node, nid: int, suffix: str, ns: int, share: float, in_place: bool) -> Node:
+    """One part of a split GPU node: `ns` of its time and that share of its work."""
+    out = n if in_place else Node(n.id, n.name, n.type, [], [], n.start_time_micros, n.duration_micros, n.inputs,
+                                  n.outputs, [_attr(a.name, a.value, a.slot) for a in n.attrs])
+    for a in out.attrs:
+        if a.name == "duration_ns":
+            a.value = ns
+        elif a.name in ("num_ops", "tensor_size"):
+            a.value = int(round(int(a.value) * share))
+        elif a.name in (SPLIT_AT, SPLIT_NS):
+            a.value = 0
+    out.id, out.name, out.ctrl_deps, out.data_deps = nid, n.name + suffix, [], []
+    out.duration_micros = int(round(ns / 1000))
+    return out
+
+
+def _moved(n: Node, nid: int, ctrl: list[int], data: list[int], in_place: bool) -> Node:
+    if in_place:
+        n.id, n.ctrl_deps, n.data_deps = nid, ctrl, data
+        return n
+    return Node(nid, n.name, n.type, ctrl, data, n.start_time_micros, n.duration_micros, n.inputs, n.outputs,
+                [_attr(a.name, a.value, a.slot) for a in n.attrs])
+
+
+def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
+             sync: set[int] | None = None, in_place: bool = False) -> ExecutionTrace:
+    """A new trace with the launch chain of the module docstring; node ids are renumbered in
+    program order (launches before their GPU node). `sync`: ids of GPU nodes that the host waits
+    for, in addition to those with attr `host_sync`. Existing CPU ops are kept as they are.
+
+    To keep node counts down, the launches of a node's remaining kernels and the first launch of
+    the next node are one CPU op (nothing waits between them) unless a sync point lies between.
+    `in_place`: reuse (and renumber) the input's nodes instead of copying them; the input trace is
+    then spent."""
+    sync = sync or set()
+    nodes = sorted(trace.nodes, key=lambda n: n.id)
+    out: list[Node] = []
+    new_id: dict[int, int] = {}  # old id -> the new id of its (last) GPU part
+    tail: list[int] = []  # the host chain's last node
+    carry = 0  # launches of the previous node not yet on the chain
+
+    def launch(n: Node, role: str, k: int, after: list[int]) -> int:
+        nid = len(out)
+        out.append(_cpu_node(nid, f"{role}:{n.name}", role, k, bool(after), _duration_ns(k, bool(after), launch_s, sync_s),
+                             list(tail), list(after)))
+        tail[:] = [nid]
+        return nid
+
+    pending: list[int] = []  # the sync node the next launch waits for
+    known = {n.id for n in nodes}
+    for n in nodes:
+        old = n.id
+        try:
+            ctrl = [new_id[d] for d in n.ctrl_deps if d in known]
+            data = [new_id[d] for d in n.data_deps if d in known]
+        except KeyError as exc:
+            raise CalibError(f"node {n.id} ({n.name!r}) depends on a later node ({exc.args[0]}): the ET is not in "
+                             "program order, so its host launches cannot be placed") from None
+        if not is_launched(n):
+            new_id[old] = len(out)
+            out.append(_moved(n, len(out), ctrl, data, in_place))
+            continue
+        k, at, tail_ns = _split(n)
+        first = launch(n, "launch", carry + 1, pending)
+        pending, carry = [], 0
+        if at:
+            total = n.duration_ns
+            head = _part(n, len(out), "[head]", total - tail_ns, (total - tail_ns) / total, False)
+            head.ctrl_deps, head.data_deps = ctrl, [*data, first]
+            out.append(head)
+            more = launch(n, "launch_more", at, [])
+            body = _part(n, len(out), "", tail_ns, tail_ns / total, in_place)
+            body.data_deps = [head.id, more]
+            out.append(body)
+            carry = k - 1 - at
+            last = body.id
+        else:
+            last = len(out)
+            out.append(_moved(n, last, ctrl, [*data, first], in_place))
+            carry = k - 1
+        new_id[old] = last
+        if old in sync or bool(n.attr(HOST_SYNC, False)):
+            if carry:  # the host launches the rest before it waits
+                launch(n, "launch_rest", carry, [])
+                carry = 0
+            pending = [last]
+    if carry and nodes:
+        launch(nodes[-1], "launch_rest", carry, [])
+    return ExecutionTrace(nodes=out, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
+
+
+def converted_sync_points(trace: ExecutionTrace) -> set[int]:
+    """The GPU nodes of a converted (measured) ET that the host waits for: device-to-host copies
+    (the host reads a GPU value: MoE routing counts, the gradient norm) and pipeline sends and
+    receives (megatron-core's batch_p2p_sync)."""
+    out = set()
+    for n in trace.nodes:
+        if n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE) or n.type == NodeType.COMP_NODE and not n.is_cpu_op and "DtoH" in n.name:
+            out.add(n.id)
+    return out
+
+
+def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float) -> ExecutionTrace:
+    """A converted ET (one node per measured kernel, in launch order) with its host launches: one
+    launch per GPU node and the syncs of `converted_sync_points`. Kernel durations stay as measured."""
+    return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace))
+
+
+def set_host_costs(trace: ExecutionTrace, launch_s: float, sync_s: float) -> None:
+    """Re-cost the launch nodes of a trace made by `add_host`, in place."""
+    for n in trace.nodes:
+        role = n.attr(ROLE)
+        if role is None:
+            continue
+        ns = _duration_ns(int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)), launch_s, sync_s)
+        n.set_attr("duration_ns", ns)
+        n.duration_micros = int(round(ns / 1000))
+
+
+def count_host(trace: ExecutionTrace) -> tuple[int, int]:
+    """(kernel launches, sync points) of a trace made by `add_host`."""
+    launches = syncs = 0
+    for n in trace.nodes:
+        if n.attr(ROLE) is not None:
+            launches += int(n.attr(ROLE_LAUNCHES, 1))
+            syncs += bool(n.attr(ROLE_AFTER_SYNC, False))
+    return launches, syncs
+
+
+def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float) -> SimWorkload:
+    """A replay workload (one class per rank, converted ETs) with every rank's host launches
+    (`add_host_to_converted`); `materialize` returns the new traces (for ASTRA-sim files)."""
+    traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s) for c in workload.classes}
+    classes = [RankClass(rep=c.rep, members=list(c.members), trace=traces[c.rep]) for c in workload.classes]
+    return SimWorkload(num_ranks=workload.num_ranks, classes=classes, comm_groups=dict(workload.comm_groups),
+                       materialize=traces.__getitem__)
