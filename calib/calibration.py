@@ -187,12 +187,29 @@ class Calibration:
             raise CalibError(f"calibration file {p}: section {sec} is malformed ({exc!r})") from None
         return cal
 
-    def save(self, path: str | os.PathLike) -> Path:
+    @staticmethod
+    def check_output(path: str | os.PathLike) -> Path:
+        """Refuse an output path that cannot take the file (a folder, a parent that is a file)."""
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_dir():
+            raise CalibError(f"calibration output {p} is a folder; name a file such as {p / 'calibration.yaml'}")
+        for parent in p.parents:
+            if parent.exists() and not parent.is_dir():
+                raise CalibError(f"calibration output {p}: {parent} is a file, not a folder")
+        return p
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = self.check_output(path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CalibError(f"calibration output {p}: cannot create {p.parent} ({exc.strerror})") from None
         text = "# calib calibration file; format: docs/formats.md (Calibration file)\n"
         text += yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, width=110)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        except OSError as exc:
+            raise CalibError(f"calibration output {p}: cannot write in {p.parent} ({exc.strerror})") from None
         umask = os.umask(0)
         os.umask(umask)
         try:

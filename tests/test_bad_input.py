@@ -475,10 +475,9 @@ FIT_CASES = [
     Case("fit-gpu-filter-matches-none", _fit(_real(GOOD), extra=["--gpu", "h100"]), "no bundle was measured on GPU 'h100'"),
     Case("fit-folds-one", _fit(_real(GOOD), extra=["--folds", "1"]), "Invalid value for '--folds'"),
     Case("fit-too-few-power-windows", _fit(_real(GOOD)), "power model"),
-    Case("fit-out-is-folder", lambda t: (t / "o").mkdir() or _fit(_real(GOOD), _real(OTHER), out="o")(t), "o",
-         xfail="calib/calibration.py write: IsADirectoryError traceback when -o names a folder"),
-    Case("fit-out-under-file", lambda t: _write(t, "f", "x") and _fit(_real(GOOD), _real(OTHER), out="f/cal.yaml")(t), "f",
-         xfail="calib/calibration.py write: FileExistsError traceback (mkdir) when -o is under a file"),
+    Case("fit-out-is-folder", lambda t: (t / "o").mkdir() or _fit(_real(GOOD), _real(OTHER), out="o")(t), "is a folder"),
+    Case("fit-out-under-file", lambda t: _write(t, "f", "x") and _fit(_real(GOOD), _real(OTHER), out="f/cal.yaml")(t),
+         "is a file, not a folder"),
 ]
 
 
@@ -558,10 +557,8 @@ PROJECT_CASES = [
     Case("project-sweep-impossible", _project("--model", "llama3-8b", "--gpus", "7", "--cluster", "h200-7", "--sweep"),
          "no valid parallel configuration"),
     Case("project-plot-suffix", lambda t: _project("--model", "llama3-8b", "--gpus", "8", "--plot", t / "p.txt")(t), "must end in .png or .html"),
-    Case("project-emit-into-file", lambda t: _project("--model", "llama3-8b", "--gpus", "8", "--emit-astra-sim", _write(t, "f", "x"))(t), "f",
-         xfail="calib/commands/project.py --emit-astra-sim FILE: FileExistsError traceback (mkdir) instead of an error line"),
-    Case("project-sweep-max-zero", _project("--model", "llama3-8b", "--gpus", "8", "--sweep", "--sweep-max", "0"), "sweep-max",
-         xfail="calib project --sweep --sweep-max 0: exit 0 with an empty ranking table instead of refusing the option"),
+    Case("project-emit-into-file", lambda t: _project("--model", "llama3-8b", "--gpus", "8", "--emit-astra-sim", _write(t, "f", "x"))(t), "is a file"),
+    Case("project-sweep-max-zero", _project("--model", "llama3-8b", "--gpus", "8", "--sweep", "--sweep-max", "0"), "sweep-max"),
 ]
 
 

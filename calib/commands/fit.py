@@ -23,8 +23,10 @@ def register(app: typer.Typer) -> None:
         configured (datasheet values). Nothing is written when an input is bad or too small.
         """
         from calib.bundle.io import load_bundles
+        from calib.calibration import Calibration
         from calib.fit import FitOptions, fit_calibration
 
+        Calibration.check_output(output)  # before minutes of fitting, not after
         found = load_bundles([str(b) for b in bundles])
         cal = fit_calibration(found, FitOptions(folds=folds, allow_mixed_gpus=allow_mixed_gpus, gpu=gpu))
         cal.save(output)

@@ -71,6 +71,12 @@ class HostModel:
                    dict(data.get("provenance") or {}))
 
 
+def _short(ids: Sequence[str], most: int = 4) -> str:
+    """Bundle ids for a provenance line (the calibration's `bundles` list has them all)."""
+    ids = list(ids)
+    return ", ".join(ids) if len(ids) <= most else f"{', '.join(ids[:most])} and {len(ids) - most} more bundles"
+
+
 StepOf = Callable[[float, float], float]  # (launch_s, sync_s) -> simulated step seconds
 
 
@@ -155,10 +161,10 @@ def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
            "method": "leave-one-configuration-out: each configuration's simulated step with the medians of the "
                      "other configurations' per-run fits (kernel and network models as given; the per-run fits of "
                      "the last round, made at the all-run medians)"}
-    src = ", ".join(ids)
+    src = _short(ids)
     model = HostModel(launch_s, sync_s, None, dict(SYNC_AFTER), per_run, {
         "host.launch_s": f"calibrated: median per-run fit of the simulated to the measured step over {src}",
-        "host.sync_s": (f"calibrated: median per-run fit at host.launch_s over {', '.join(sync)}" if sync else
+        "host.sync_s": (f"calibrated: median per-run fit at host.launch_s over {_short(list(sync))}" if sync else
                         "not calibrated: no training bundle has a host sync point (0)"),
         "host.sync_points": "configured: megatron-core host synchronisations (calib.workload.host.SYNC_AFTER)",
     })
@@ -263,7 +269,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         if r["id"] in fits:
             r["replay_launch_s"] = fits[r["id"]]
     out.provenance["host.replay_launch_s"] = (
-        f"calibrated: median per-run fit of the replayed to the measured step over {', '.join(fits)}"
+        f"calibrated: median per-run fit of the replayed to the measured step over {_short(list(fits))}"
         + (f" (not replayable: {len(skipped)})" if skipped else ""))
     abs_err = np.abs(errors) if errors else np.array([np.nan])
     return out, {"mape": float(np.mean(abs_err)), "max": float(np.max(abs_err)), "count": len(errors),
