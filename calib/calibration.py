@@ -27,6 +27,7 @@ import yaml
 
 from calib.errors import CalibError
 from calib.models.common import ErrorStat
+from calib.models.host import HostModel
 from calib.models.kernel import KernelModel
 from calib.models.network import CollectiveModel
 from calib.models.power import PowerModel
@@ -43,6 +44,7 @@ class Calibration:
     kernel: dict = field(default_factory=dict)
     network: dict = field(default_factory=dict)
     power: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)  # HostModel.to_dict() (calib.models.host); {} = GPU-bound
     errors: dict[str, ErrorStat] = field(default_factory=dict)
     validation: dict = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
@@ -74,6 +76,11 @@ class Calibration:
         if not self.power:
             raise CalibError(f"calibration {self.source or self.gpu}: has no power model ({self._why('power')})")
         return PowerModel.from_dict(self.power)
+
+    def host_model(self) -> HostModel:
+        if not self.host:
+            raise CalibError(f"calibration {self.source or self.gpu}: has no host model ({self._why('host')})")
+        return HostModel.from_dict(self.host)
 
     def _why(self, section: str) -> str:
         return self.provenance.get(section, "not fitted")
@@ -138,6 +145,7 @@ class Calibration:
             "kernel": self.kernel,
             "network": self.network,
             "power": self.power,
+            "host": self.host,
             "errors": {k: (v.to_dict() if isinstance(v, ErrorStat) else dict(v)) for k, v in self.errors.items()},
             "validation": self.validation,
             "provenance": self.provenance,
@@ -158,12 +166,13 @@ class Calibration:
                 errors[str(name)] = ErrorStat.from_dict(e)
             except (KeyError, TypeError, ValueError):
                 raise CalibError(f"{source}: errors.{name} needs mape, max, count and method") from None
-        for sec in SECTIONS:
+        for sec in (*SECTIONS, "host"):
             if data.get(sec) is not None and not isinstance(data.get(sec), dict):
                 raise CalibError(f"{source}: section {sec} must be a mapping")
         return cls(
             gpu=str(data["gpu"]), bundles=list(data.get("bundles") or []), kernel=dict(data.get("kernel") or {}),
-            network=dict(data.get("network") or {}), power=dict(data.get("power") or {}), errors=errors,
+            network=dict(data.get("network") or {}), power=dict(data.get("power") or {}),
+            host=dict(data.get("host") or {}), errors=errors,
             validation=dict(data.get("validation") or {}), provenance=dict(data.get("provenance") or {}),
             created_utc=str(data.get("created_utc") or ""), calib_version=str(data.get("calib") or ""),
             source=source,
@@ -180,7 +189,8 @@ class Calibration:
             raise CalibError(f"calibration file {p}: {str(exc).splitlines()[0]}") from None
         cal = cls.from_dict(data, source=str(p))
         try:  # the models must load too: a file whose sections are malformed is refused now
-            for sec, build in (("kernel", cal.kernel_model), ("network", cal.network_model), ("power", cal.power_model)):
+            for sec, build in (("kernel", cal.kernel_model), ("network", cal.network_model), ("power", cal.power_model),
+                               ("host", cal.host_model)):
                 if getattr(cal, sec):
                     build()
         except (KeyError, TypeError, ValueError, IndexError) as exc:

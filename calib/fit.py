@@ -49,6 +49,7 @@ class FitOptions:
     gpu: str | None = None
     peaks: GpuPeaks | None = None
     min_kernel_points: int = 8
+    replay_host: bool = False  # also fit the host launch cost of replays (minutes: replays every run)
 
 
 def gpu_family(name: str) -> str:
@@ -520,9 +521,33 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     else:
         prov["power"] = "not calibrated: no training bundle with telemetry and profiled kernels"
 
+    _fit_host_section(cal, chosen, opts)
+
     if not (cal.kernel or cal.network or cal.power):
         raise CalibError(f"nothing to fit in {_ids(chosen)}: no kernels, collectives or telemetry")
     return cal
+
+
+def _fit_host_section(cal: Calibration, chosen: list[Bundle], opts: FitOptions) -> None:
+    """The host model (calib.models.host), fitted last: it simulates each training bundle's
+    generated step with the kernel and network models fitted above."""
+    from calib.models.host import fit_host, fit_replay_launch
+
+    prov = cal.provenance
+    if not cal.kernel or not any(b.manifest.kind == "training" for b in chosen):
+        prov["host"] = "not calibrated: no training bundles (launches cost nothing: GPU-bound steps)"
+        return
+    try:
+        host, err = fit_host(chosen, cal.kernel_model(), cal)
+        if opts.replay_host:
+            host, rerr = fit_replay_launch(chosen, cal, host)
+            cal.errors["host.replay"] = ErrorStat.from_dict(rerr)
+    except CalibError as exc:
+        prov["host"] = f"not calibrated: {exc}"
+        return
+    cal.host = host.to_dict()
+    cal.errors["host"] = ErrorStat.from_dict(err)
+    prov.update(host.provenance)
 
 
 def _maybe_peaks(name: str) -> GpuPeaks | None:

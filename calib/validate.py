@@ -303,7 +303,16 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
         if cal is None:
             raise CalibError("no calibration to replay on")
         network, system = engine.replay_network(b, cal)
-        result = simulate_replay(run, network, system)
+        host = cal.host_model() if getattr(cal, "host", None) else None  # type: ignore[attr-defined]
+        if host is not None and host.replay_launch_s is not None:  # launches at the calibrated cost
+            from calib.sim import simulate
+            from calib.validation.replay import replay_workload
+            from calib.workload.host import add_host_to_replay
+
+            result = simulate(add_host_to_replay(replay_workload(run), host.replay_launch_s, host.sync_s),
+                              network, system)
+        else:
+            result = simulate_replay(run, network, system)
     except Exception as exc:  # noqa: BLE001
         return _run_error(b, REPLAY, ms, None, note=_one_line(exc), breakdown_measured_s=breakdowns.get(b.id, {}))
     if not result.step_time_s > 0:

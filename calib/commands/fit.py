@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 
         Calibration.check_output(output)  # before minutes of fitting, not after
         found = load_bundles([str(b) for b in bundles])
-        cal = fit_calibration(found, FitOptions(folds=folds, allow_mixed_gpus=allow_mixed_gpus, gpu=gpu))
+        cal = fit_calibration(found, FitOptions(folds=folds, allow_mixed_gpus=allow_mixed_gpus, gpu=gpu, replay_host=True))
         cal.save(output)
         print_summary(cal, output)
 

@@ -109,6 +109,19 @@ def _group_ranks(host: HostTrace, kt: KinetoTrace, pg_name: str, act: GpuActivit
     return list(range(size))  # the default group: torch writes it with an empty rank list
 
 
+NCCL_KERNEL_PREFIXES = ("ncclDevKernel_", "ncclKernel_")
+
+
+def is_nccl_kernel(act: GpuActivity) -> bool:
+    """An NCCL kernel by its name or by the args Kineto gives NCCL kernels."""
+    return act.kind == "kernel" and (act.name.startswith(NCCL_KERNEL_PREFIXES) or "Collective name" in act.args)
+
+
+def where(kt: KinetoTrace, act: GpuActivity) -> str:
+    """The file, kernel and timestamp of one GPU activity, for one-line errors."""
+    return f"{kt.path}: NCCL kernel {act.name[:60]!r} at {act.start_ns} ns"
+
+
 def is_coalesced(op: HostOp | None, act: GpuActivity) -> bool:
     """A kernel that runs several calls issued between startCoalescing and endCoalescing."""
     if op is not None and "coalesced" in op.name and op.comm is None:
@@ -198,10 +211,20 @@ def link(host: HostTrace, kt: KinetoTrace, rank: int) -> list[LinkedOp]:
             step = host.step_of(op)
         if step is None:
             step = step_at(kt, launch.ts_ns if launch is not None else act.start_ns)
+        if act.kind == "kernel" and op is None and _is_batched_p2p(act.args):
+            # no host op, both peers in the kernel's own args: a send and a recv fused in one launch
+            # (with a host op its record_param_comms calls say more: a batch may hold several of each)
+            out += [LinkedOp(act if i == 0 else _copy(act), launch if i == 0 else None, op, aten, int(step or 0), rec,
+                             info, i) for i, info in enumerate(_kineto_batched_p2p(act, host, kt))]
+            continue
         if act.kind == "kernel" and is_coalesced(op, act):
             coalesced.append(LinkedOp(act, launch, op, aten, int(step or 0), rec, None))
             continue
         comm = _comm_info(op, act, host, kt, rank) if act.kind == "kernel" else None
+        if comm is None and is_nccl_kernel(act):
+            # never a COMP node: the host op carried no call and the kernel's args name none
+            raise CalibError(f"{where(kt, act)} links to no record_param_comms op ({cpu_name or 'no CPU op'}) and its "
+                             "Kineto args carry no 'Collective name': cannot tell what it communicated")
         if comm is not None and op is not None:
             launched.add(op.id)
         out.append(LinkedOp(act, launch, op, aten, int(step or 0), rec, comm))
@@ -229,8 +252,8 @@ def _split_coalesced(coalesced: list[LinkedOp], launched: set[int], host: HostTr
     taken = 0
     for lk in sorted(coalesced, key=lambda lk: (lk.host.id if lk.host is not None else -1, lk.act.start_ns)):
         if lk.host is None:
-            raise CalibError(f"{kt.path}: coalesced NCCL kernel at {lk.act.start_ns} ns links to no host op; "
-                             "cannot tell which calls it ran")
+            raise CalibError(f"{where(kt, lk.act)} is coalesced and links to no host op; its Kineto args do not "
+                             "say which calls it ran")
         parts: list[HostOp] = []
         while taken < len(pool) and pool[taken].id < lk.host.id:
             parts.append(pool[taken])
@@ -244,4 +267,35 @@ def _split_coalesced(coalesced: list[LinkedOp], launched: set[int], host: HostTr
             assert call.comm is not None
             info = _comm_info(call, act, host, kt, rank, call_override=call.comm)
             out.append(LinkedOp(act, lk.launch if i == 0 else None, lk.host, lk.aten_op, lk.step, lk.record, info, i))
+    return out
+
+
+def _copy(act: GpuActivity) -> GpuActivity:
+    return GpuActivity(act.kind, act.name, act.stream, act.start_ns, act.dur_ns, act.correlation, act.args)
+
+
+def _is_batched_p2p(a: dict[str, object]) -> bool:
+    """Kineto args naming both a source and a destination: one launch that sends and receives."""
+    return "Src Rank" in a and "Dst Rank" in a and str(a.get("Collective name", "")).lower() not in ("send", "recv")
+
+
+def _kineto_batched_p2p(act: GpuActivity, host: HostTrace, kt: KinetoTrace) -> list[CommInfo]:
+    """The send (to Dst Rank, In msg nelems) and the recv (from Src Rank, Out msg nelems) of a fused launch."""
+    a = act.args
+    dtype = str(a.get("dtype", ""))
+    if dtype not in COMM_DTYPE_BYTES:
+        raise CalibError(f"{where(kt, act)} sends and receives but has unknown dtype {dtype!r}; cannot compute its bytes")
+    eb = COMM_DTYPE_BYTES[dtype]
+    pg_name = str(a.get("Process Group Name", "0"))
+    pg_desc = str(a.get("Process Group Description", ""))
+    size = int(a.get("Group size", 0) or 0)
+    ranks = _group_ranks(host, kt, pg_name, act, size)
+    out: list[CommInfo] = []
+    for kind, key, nkey in (("send", "Dst Rank", "In msg nelems"), ("recv", "Src Rank", "Out msg nelems")):
+        local = int(a[key])  # type: ignore[call-overload]
+        n = int(a.get(nkey, 0) or 0)  # type: ignore[call-overload]
+        if n <= 0:
+            raise CalibError(f"{where(kt, act)} sends and receives but its args give no {nkey!r}")
+        peer = ranks[local] if 0 <= local < len(ranks) else local
+        out.append(CommInfo(kind, None, pg_name, pg_desc, None, size or len(ranks), ranks, n * eb, n * eb, peer))
     return out
