@@ -317,10 +317,12 @@ def error_band(calibration: object | None, step_s: float) -> dict:
     if pct is not None and np.isfinite(float(pct)):
         pct = float(pct)
         runs = val.get("heldout_count") or len(val.get("runs") or [])
+        configs = val.get("heldout_configs")
+        over = f"{runs} measured run(s)" + (f" of {configs} configuration(s)" if configs else "")
         return {
             "low": step_s * (1 - pct / 100), "high": step_s * (1 + pct / 100), "pct": pct,
             "mape_pct": val.get("heldout_mape"),
-            "from": f"validation.heldout_max: worst held-out step-time error over {runs} measured configuration(s)",
+            "from": f"validation.heldout_max: worst held-out step-time error over {over}",
         }
     errors = getattr(calibration, "errors", None) or {}
     worst = None
