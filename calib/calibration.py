@@ -32,6 +32,7 @@ from calib.models.kernel import KernelModel
 from calib.models.network import CollectiveModel
 from calib.models.power import PowerModel
 from calib.sim.config import Dim, NetworkConfig, SystemConfig
+from calib.yamlio import load_yaml
 
 SCHEMA = "calib.calibration/1"
 SECTIONS = ("kernel", "network", "power")
@@ -181,12 +182,7 @@ class Calibration:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Calibration:
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise CalibError(f"calibration file {p} does not exist") from None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise CalibError(f"calibration file {p}: {str(exc).splitlines()[0]}") from None
+        data = load_yaml(p, "calibration file")
         cal = cls.from_dict(data, source=str(p))
         try:  # the models must load too: a file whose sections are malformed is refused now
             for sec, build in (("kernel", cal.kernel_model), ("network", cal.network_model), ("power", cal.power_model),

@@ -18,11 +18,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from calib.errors import CalibError
 from calib.sim.config import TOPOLOGIES, Dim, NetworkConfig, SystemConfig
 from calib.units import bytes_per_s_to_astra_bw_gbps, bytes_per_s_to_astra_local_mem_bw
+from calib.yamlio import load_yaml
 
 SIMCONFIGS = Path(__file__).resolve().parent.parent / "simconfigs"
 SCHEMA = "calib.cluster/1"
@@ -258,8 +257,5 @@ def load_cluster(name_or_path: str) -> ClusterPreset:
         path = SIMCONFIGS / f"{name_or_path}.yaml"
     if not path.is_file():
         raise CalibError(f"unknown cluster {name_or_path!r}; presets: {', '.join(available())} (or a YAML file)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise CalibError(f"cluster file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = load_yaml(path, "cluster file")
     return cluster_from_dict(data, str(path))

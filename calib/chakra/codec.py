@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from calib.chakra.model import Attr, ExecutionTrace, IOInfo, Node, NodeType
 from calib.chakra.schema import LIST_SLOTS, SCALAR_SLOTS, messages
-from calib.chakra.wire import NodeDecoder, NodeEncoder, Unsupported
+from calib.chakra.wire import NodeDecoder, NodeEncoder, Unsupported, varint
 from calib.errors import CalibError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -44,15 +44,6 @@ def no_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _read_varint(data: bytes, pos: int, source: str) -> tuple[int, int]:
@@ -171,7 +162,7 @@ def _encode(trace: ExecutionTrace) -> bytes:
         if not body:
             # A 0 length ends the file for every reader: an all-default message cannot be framed.
             raise CalibError("cannot write an empty Chakra message (all fields default): readers stop at a 0 length")
-        parts.append(_varint(len(body)))
+        parts.append(varint(len(body)))
         parts.append(body)
     return b"".join(parts)
 
@@ -183,7 +174,7 @@ def encode_slow(trace: ExecutionTrace) -> bytes:
     out = []
     for pb in (meta, *map(node_to_pb, trace.nodes)):
         body = pb.SerializeToString()
-        out.append(_varint(len(body)) + body)
+        out.append(varint(len(body)) + body)
     return b"".join(out)
 
 

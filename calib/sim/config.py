@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from calib.errors import CalibError
+from calib.yamlio import load_yaml
 
 TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
 IMPLEMENTATIONS = ("ring", "direct", "halvingDoubling", "doubleBinaryTree")
@@ -54,11 +55,7 @@ class NetworkConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> NetworkConfig:
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise CalibError(f"network configuration {p}: {str(exc).splitlines()[0]}") from None
-        return cls.from_dict(data, source=str(p))
+        return cls.from_dict(load_yaml(p, "network configuration"), source=str(p))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "network") -> NetworkConfig:

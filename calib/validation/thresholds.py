@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from calib.errors import CalibError
+from calib.yamlio import load_yaml
 
 SCHEMA = "calib.validation-thresholds/1"
 KINDS = ("heldout", "replay")
@@ -35,10 +34,7 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     p = Path(path) if path is not None else DEFAULT_PATH
     if not p.is_file():
         raise CalibError(f"thresholds file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise CalibError(f"thresholds file {p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = load_yaml(p, "thresholds file")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise CalibError(f"thresholds file {p}: schema must be {SCHEMA!r}")
     limits = _section(data.get("thresholds"), p, "thresholds")

@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from calib.errors import CalibError
+from calib.yamlio import load_yaml
 
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "swiglu")
@@ -177,10 +176,7 @@ def resolve_model(name_or_path: str | dict, layers: int | None = None, seq_lengt
         path = Path(name_or_path)
         if not path.is_file():
             raise CalibError(f"model file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise CalibError(f"model file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = load_yaml(path, "model file")
         if not isinstance(data, dict):
             raise CalibError(f"model file {path}: expected a mapping of architecture keys")
         spec = model_from_dict(data, source=str(path))
