@@ -168,6 +168,29 @@ def _collective_errors(b: Bundle, cal: object) -> list[float]:
 # --- the job ------------------------------------------------------------------------------------------
 
 
+def preflight(bundle_paths: list[str | os.PathLike] | None, out_dir: str | os.PathLike | None,
+              thresholds_path: str | os.PathLike | None, check: bool) -> None:
+    """Refuse bad input in one line before minutes of work: the output folder, the thresholds file,
+    no real GPU training bundle to validate, and ETs that cannot be read (corrupt or truncated)."""
+    from calib.chakra.codec import read_et
+    from calib.paths import check_output_folder
+
+    if out_dir is not None:
+        check_output_folder(out_dir, "--out")
+    if check or thresholds_path is not None:
+        load_thresholds(thresholds_path)
+    paths = list(bundle_paths) if bundle_paths else ([DEFAULT_TRACES] if DEFAULT_TRACES.is_dir() else [])
+    bundles = load_bundles(paths) if paths else []
+    real = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b)]
+    if not real:
+        where = ", ".join(str(p) for p in paths) or str(DEFAULT_TRACES)
+        raise CalibError(f"nothing to validate: no real GPU training bundle in {where} (CPU bundles never count)")
+    for b in real:
+        for f in b.et_files():
+            read_et(f)
+
+
+
 def run_validation(
     bundle_paths: list[str | os.PathLike] | None = None,
     calibration_path: str | os.PathLike | None = None,

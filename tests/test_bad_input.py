@@ -604,33 +604,25 @@ def test_validate(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.parametrize("what", [
-    pytest.param("empty-folder", marks=pytest.mark.xfail(strict=True, reason="calib validate EMPTY_DIR: exit 0 and an "
-                                                         "empty report written (no bundle found is not an error)")),
-    pytest.param("only-cpu-bundles", marks=pytest.mark.xfail(strict=True, reason="calib validate tests/data/cpu-gloo-dp2: "
-                                                             "exit 0 and an empty report (only CPU bundles: nothing to validate)")),
+    "empty-folder",
+    "only-cpu-bundles",
 ])
 def test_validate_nothing_to_validate(what: str, h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bundles = (lambda t: (t / "d").mkdir() or t / "d") if what == "empty-folder" else _real(CPU_BUNDLE)
     run_bad(Case(f"validate-{what}", _validate(bundles, lambda _: h200_calibration), "bundle"), tmp_path, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="calib/validate.py writes reports into --out without checking it: FileExistsError "
-                   "traceback when --out is a file, after progress lines on stderr")
 def test_validate_out_is_a_file(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_bad(Case("validate-out-is-file", lambda t: (_write(t, "f", "x"), _validate(_real(GOOD), lambda _: h200_calibration, "f", replay=False)(t))[1],
                  "f"), tmp_path, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="calib validate --check --thresholds MISSING.yaml: the thresholds file is read only after "
-                   "the whole validation ran, and the progress lines already on stderr make the error one line of several")
 def test_validate_thresholds_missing(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_bad(Case("validate-thresholds-missing",
                  lambda t: [*_validate(_real(GOOD), lambda _: h200_calibration, replay=False)(t), "--check", "--thresholds", t / "nope.yaml"],
                  "nope.yaml does not exist"), tmp_path, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="calib validate on a bundle whose ET is truncated: exit 0; the replay row only gets a "
-                   "note and null prediction, the summary silently rests on fewer runs")
 def test_validate_truncated_et(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_bad(Case("validate-truncated-et", _validate(_broken(_truncate("et/rank.1.et.gz", 1000)), lambda _: h200_calibration),
                  "rank.1.et.gz"), tmp_path, capsys)

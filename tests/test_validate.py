@@ -191,12 +191,13 @@ def test_cpu_bundles_never_count_and_check_fails(tmp_path: Path, capsys: pytest.
     assert rep.runs == [] and rep.summary["real_bundles"] == 0
     assert rep.excluded[0]["run"] == "cpu-run" and "never counts" in rep.excluded[0]["why"]
     assert (tmp_path / "out" / "validation.json").is_file()
-    rc = main(["validate", str(b.parent), "--out", str(tmp_path / "out2"), "--check", "--no-write-calibration"])
-    assert rc == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "error: no real GPU training bundles to validate (CPU bundles never count)"
-    # without --check the same run is a report, not a failure
-    assert main(["validate", str(b.parent), "--out", str(tmp_path / "out3"), "--no-write-calibration"]) == 0
+    # the command refuses, with or without --check, before writing anything: nothing to validate
+    for extra in (["--check"], []):
+        rc = main(["validate", str(b.parent), "--out", str(tmp_path / "out2"), *extra, "--no-write-calibration"])
+        assert rc == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: nothing to validate: no real GPU training bundle")
+        assert not (tmp_path / "out2").exists()
 
 
 def test_missing_bundle_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

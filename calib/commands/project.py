@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from calib.errors import CalibError
+from calib.paths import check_output_folder
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
         if do_sweep and (sweep_max < 1 or top < 1):
             raise CalibError(f"--sweep-max and --top must be at least 1, got {sweep_max} and {top}")
         if emit_astra_sim is not None:
-            _check_output_folder(emit_astra_sim, "--emit-astra-sim")
+            check_output_folder(emit_astra_sim, "--emit-astra-sim")
         spec = resolve_model(model)
         preset = load_cluster(cluster)
         preset.check_gpus(gpus)
@@ -101,14 +102,6 @@ def load_calibration_for(path: str | None, gpu: str) -> object | None:
             )
         return Calibration.load(default)
     return Calibration.load(path)
-
-
-def _check_output_folder(path: Path, option: str) -> None:
-    """Refuse, before any work, a folder argument that is a file or lies under a file."""
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            where = "is a file" if p == path else f"lies under {p}, which is a file"
-            raise CalibError(f"{option} {path} {where}; name a folder")
 
 
 def _run_sweep(spec, gpus, par, preset, cal, allow, sweep_max, top, json_out) -> None:  # noqa: ANN001

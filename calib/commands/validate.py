@@ -30,9 +30,10 @@ def validate(
 
     from rich.console import Console
 
-    from calib.validate import run_validation
+    from calib.validate import preflight, run_validation
     from calib.validation.report import print_table
 
+    preflight(bundles or None, out, thresholds, check)
     err = Console(stderr=True)
     report = run_validation(
         bundles or None, calibration, out, replay=replay, heldout=heldout, jobs=jobs,
