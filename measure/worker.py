@@ -77,14 +77,19 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
     sync()
     n = req.warmup
     _stage(rank, "warm-up done", t0)
-    for _ in range(req.steps):
+
+    def timed_step(profiled: bool) -> None:
+        nonlocal n
         sync()
         start = time.monotonic()
         step()
         sync()
         end = time.monotonic()
-        rows.append({"rank": rank, "step": n, "start_s": start - req.t0_monotonic, "time_s": end - start, "profiled": False})
+        rows.append({"rank": rank, "step": n, "start_s": start - req.t0_monotonic, "time_s": end - start, "profiled": profiled})
         n += 1
+
+    for _ in range(req.steps):
+        timed_step(False)
     profiled: list[int] = []
     if req.profile_steps > 0:
         from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
@@ -95,14 +100,8 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
         dist.barrier()
         with profile(activities=activities, record_shapes=True, execution_trace_observer=et) as prof:
             for _ in range(req.profile_steps):
-                sync()
-                start = time.monotonic()
-                step()
-                sync()
-                end = time.monotonic()
-                rows.append({"rank": rank, "step": n, "start_s": start - req.t0_monotonic, "time_s": end - start, "profiled": True})
                 profiled.append(n)
-                n += 1
+                timed_step(True)
         _stage(rank, "profiled step done", t0)
         prof.export_chrome_trace(str(out / f"device.{rank}.json"))
         _stage(rank, "Kineto trace written", t0)

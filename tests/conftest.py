@@ -23,6 +23,21 @@ def samples() -> Path:
 
 
 @pytest.fixture(scope="session")
+def coll_dir(samples: Path) -> Path:
+    """The real 2 x H200 collectives sample (host + Kineto traces of both ranks)."""
+    return samples / "h200x2-collectives"
+
+
+@pytest.fixture(scope="session")
+def coll(coll_dir: Path):  # noqa: ANN201 - calib.convert.RunConversion, imported lazily
+    """The collectives sample converted once per session, its send/recv linked through the host trace."""
+    from calib.convert import convert_traces
+
+    return convert_traces({r: coll_dir / f"host.{r}.json.gz" for r in (0, 1)},
+                          {r: coll_dir / f"device.{r}.json.gz" for r in (0, 1)})
+
+
+@pytest.fixture(scope="session")
 def astra_cases() -> Path:
     if not ASTRA_CASES.is_dir():
         pytest.skip(f"ASTRA-sim reference cases not found at {ASTRA_CASES} (set CALIB_SHARED)")

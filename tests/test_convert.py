@@ -30,19 +30,8 @@ def _load(path: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def coll_dir(samples: Path) -> Path:
-    return samples / "h200x2-collectives"
-
-
-@pytest.fixture(scope="session")
 def mcore_dir(samples: Path) -> Path:
     return samples / "h200x2-mcore-tp2"
-
-
-@pytest.fixture(scope="session")
-def coll(coll_dir: Path) -> RunConversion:
-    return convert_traces({r: coll_dir / f"host.{r}.json.gz" for r in (0, 1)},
-                          {r: coll_dir / f"device.{r}.json.gz" for r in (0, 1)})
 
 
 @pytest.fixture(scope="session")

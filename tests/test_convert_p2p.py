@@ -37,18 +37,6 @@ def _write(path: Path, data: Any) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def coll_dir(samples: Path) -> Path:
-    return samples / "h200x2-collectives"
-
-
-@pytest.fixture(scope="module")
-def linked(coll_dir: Path) -> RunConversion:
-    """The untouched conversion: send/recv linked through the host's record_param_comms."""
-    return convert_traces({r: coll_dir / f"host.{r}.json.gz" for r in (0, 1)},
-                          {r: coll_dir / f"device.{r}.json.gz" for r in (0, 1)})
-
-
 def _p2p_kernels(dev: Any) -> list[dict[str, Any]]:
     return [e for e in dev["traceEvents"] if e.get("cat") == "kernel"
             and (e.get("args") or {}).get("Collective name") in P2P_CALLS]
@@ -117,15 +105,15 @@ def _check_pairs(conv: RunConversion, linked: RunConversion) -> None:
     assert len(p2p_rows) == 4 and (p2p_rows["bytes"] == 1048576 * 4).all()
 
 
-def test_p2p_from_kineto_args_without_host_record(coll_dir: Path, linked: RunConversion, tmp_path: Path) -> None:
+def test_p2p_from_kineto_args_without_host_record(coll_dir: Path, coll: RunConversion, tmp_path: Path) -> None:
     conv = _convert(coll_dir, tmp_path, host_fix=_drop_host_comm_records)
-    _check_pairs(conv, linked)
+    _check_pairs(conv, coll)
 
 
-def test_p2p_from_kineto_args_without_launch_link(coll_dir: Path, linked: RunConversion, tmp_path: Path) -> None:
+def test_p2p_from_kineto_args_without_launch_link(coll_dir: Path, coll: RunConversion, tmp_path: Path) -> None:
     """As in the pipeline-parallel bundles: the kernel reaches no CPU op at all (empty aten_op)."""
     conv = _convert(coll_dir, tmp_path, dev_fix=_drop_launch_links)
-    _check_pairs(conv, linked)
+    _check_pairs(conv, coll)
     p2p = [n for n in conv.traces[0].nodes if n.type == NodeType.COMM_SEND_NODE]
     assert all(n.attr("aten_op") is None for n in p2p)
 

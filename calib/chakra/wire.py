@@ -156,18 +156,12 @@ class NodeEncoder:
         if t is None:
             t = b"\x18" + varint(int(n.type)) if int(n.type) else b""
         add(t)
-        deps = n.ctrl_deps
-        if deps:
-            if min(deps) < 0 or max(deps) > _MASK64:
-                raise Unsupported
-            packed = b"".join([small[d] if d < 16384 else varint(d) for d in deps])
-            add(b"\x22" + _v(len(packed)) + packed)
-        deps = n.data_deps
-        if deps:
-            if min(deps) < 0 or max(deps) > _MASK64:
-                raise Unsupported
-            packed = b"".join([small[d] if d < 16384 else varint(d) for d in deps])
-            add(b"\x2a" + _v(len(packed)) + packed)
+        for key, deps in ((b"\x22", n.ctrl_deps), (b"\x2a", n.data_deps)):  # fields 4 and 5, packed
+            if deps:
+                if min(deps) < 0 or max(deps) > _MASK64:
+                    raise Unsupported
+                packed = b"".join([small[d] if d < 16384 else varint(d) for d in deps])
+                add(key + _v(len(packed)) + packed)
         if start:
             add(b"\x30" + (small[start] if start < 16384 else varint(start)))
         if dur:
