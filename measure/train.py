@@ -209,6 +209,7 @@ def measure_training(
             writer.write_table("telemetry", tel)
         manifest.telemetry.rate_hz = round(sampler.achieved_rate_hz(), 2)
         manifest.notes["telemetry_slow_columns_rate_hz"] = {str(g): round(r, 2) for g, r in sampler.slow_rate_hz.items()}
+        manifest.notes["telemetry_tiers"] = sampler.tier_report()
         if sampler.failure() and not failure:
             failure = sampler.failure()
     if backend is not None:

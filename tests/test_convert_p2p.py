@@ -43,15 +43,39 @@ def _p2p_kernels(dev: Any) -> list[dict[str, Any]]:
 
 
 def _drop_launch_links(dev: Any) -> int:
-    """Remove the External id of the launches of the send/recv kernels: the kernel reaches no CPU op."""
+    """Remove the External id of the launches of the send/recv kernels and the Kineto CPU ops that
+    enclose those launches on their thread: the kernel reaches no CPU op at all."""
     corr = {e["args"]["correlation"] for e in _p2p_kernels(dev)}
+    launches = []
     n = 0
     for e in dev["traceEvents"]:
         a = e.get("args") or {}
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and a.get("correlation") in corr and "External id" in a:
             del a["External id"]
+            launches.append((e.get("tid"), e["ts"]))
             n += 1
+
+    def encloses(e: dict[str, Any]) -> bool:
+        return (e.get("cat") in ("cpu_op", "user_annotation") and not str(e.get("name", "")).startswith("ProfilerStep#")
+                and any(e.get("tid") == tid and e["ts"] <= ts <= e["ts"] + e.get("dur", 0) for tid, ts in launches))
+
+    dev["traceEvents"] = [e for e in dev["traceEvents"] if not encloses(e)]
     return n
+
+
+def test_launch_without_external_id_links_to_the_enclosing_op(coll_dir: Path, coll: RunConversion,
+                                                              tmp_path: Path) -> None:
+    """Kineto gives driver-API launches no External id; the CPU op running around the launch is its op."""
+    def fix(dev: Any) -> None:
+        for e in dev["traceEvents"]:
+            a = e.get("args") or {}
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "External id" in a:
+                del a["External id"]
+
+    conv = _convert(coll_dir, tmp_path, dev_fix=fix)
+    _check_pairs(conv, coll)
+    sends = [n for n in conv.traces[0].nodes if n.type == NodeType.COMM_SEND_NODE]
+    assert sends and all(n.attr("aten_op") for n in sends)
 
 
 def _drop_host_comm_records(host: Any) -> int:

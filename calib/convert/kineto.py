@@ -5,6 +5,7 @@ Times are kept as integer nanoseconds: Kineto writes microseconds with three dec
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ CPU_CATS = {"cpu_op", "user_annotation"}
 SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"}
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags"}
 WAIT_CALLS = {"cudaStreamWaitEvent"}
+ENCLOSING_LOOKBACK = 4096  # CPU ops searched back from a launch for the one that encloses it
 
 
 def us_to_ns(us: float) -> int:
@@ -74,6 +76,9 @@ class KinetoTrace:
     # (waiting stream, stream waited on, correlation of the cudaEventRecord call)
     stream_waits: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     pg_config: list[dict[str, Any]] = field(default_factory=list)
+    # per thread, (start_ns, end_ns, event) of every CPU op and annotation, by start: for launches
+    # that carry no External id (driver-API launches such as NCCL's cuLaunchKernelEx)
+    cpu_spans: dict[Any, list[tuple[int, int, dict[str, Any]]]] = field(default_factory=dict)
 
 
 def parse_kineto(data: Any, path: Path) -> KinetoTrace:
@@ -127,6 +132,8 @@ def _parse_kineto(data: dict[str, Any], path: Path) -> KinetoTrace:
                 kt.steps.append((start, start + _event_ns(e, "dur", path), int(name[13:])))
             if "Record function id" in args:
                 kt.has_record_ids = True
+            start = _event_ns(e, "ts", path)
+            kt.cpu_spans.setdefault(e.get("tid"), []).append((start, start + _event_ns(e, "dur", path), e))
             ext = args.get("External id")
             if ext is not None:
                 key = (e.get("tid"), int(ext))
@@ -135,8 +142,25 @@ def _parse_kineto(data: dict[str, Any], path: Path) -> KinetoTrace:
                     kt.cpu_ops[key] = e
     kt.calls.sort(key=lambda c: c.ts_ns)
     kt.steps.sort()
+    for spans in kt.cpu_spans.values():
+        spans.sort(key=lambda s: s[0])
     kt.pid = pids.most_common(1)[0][0] if pids else None
     return kt
+
+
+def enclosing_cpu_op(kt: KinetoTrace, tid: Any, ts_ns: int) -> dict[str, Any] | None:
+    """The innermost CPU op or annotation on thread `tid` running at `ts_ns` (latest start that
+    still covers it), or None. Kineto gives driver-API launches no External id, so this is how such
+    a launch finds the op that issued it (megatron's batched send/recv: "nccl:coalesced")."""
+    spans = kt.cpu_spans.get(tid)
+    if not spans:
+        return None
+    i = bisect.bisect_right(spans, ts_ns, key=lambda s: s[0])
+    for j in range(i - 1, max(i - ENCLOSING_LOOKBACK, 0) - 1, -1):
+        _start, end, e = spans[j]
+        if end >= ts_ns and not str(e.get("name", "")).startswith("ProfilerStep#"):
+            return e
+    return None
 
 
 def step_at(kt: KinetoTrace, ts_ns: int) -> int | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from calib.chakra.model import CommType
 from calib.convert.host import CommCall, HostOp, HostTrace
-from calib.convert.kineto import GpuActivity, KinetoTrace, RuntimeCall, step_at
+from calib.convert.kineto import GpuActivity, KinetoTrace, RuntimeCall, enclosing_cpu_op, step_at
 from calib.errors import CalibError
 from calib.ops import COMM_DTYPE_BYTES, OpRecord, classify
 
@@ -185,8 +185,9 @@ def link(host: HostTrace, kt: KinetoTrace, rank: int) -> list[LinkedOp]:
         launch = kt.launches.get(int(act.correlation)) if act.correlation is not None else None
         op: HostOp | None = None
         cpu_name = ""
-        if launch is not None and launch.external_id is not None:
-            cpu = kt.cpu_ops.get((launch.tid, int(launch.external_id)))
+        if launch is not None:
+            cpu = (kt.cpu_ops.get((launch.tid, int(launch.external_id))) if launch.external_id is not None
+                   else enclosing_cpu_op(kt, launch.tid, launch.ts_ns))
             if cpu is not None:
                 cpu_name = str(cpu.get("name", ""))
                 rf = (cpu.get("args") or {}).get("Record function id")

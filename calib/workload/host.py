@@ -37,6 +37,7 @@ HOST_SYNC = "host_sync"  # attr: the host waits for this GPU node before its nex
 ROLE = "host_role"  # attr of inserted nodes: "launch" (the first kernel) | "launch_rest"
 ROLE_LAUNCHES = "host_launches"
 ROLE_AFTER_SYNC = "host_after_sync"
+COALESCED_WITH = "coalesced_with"  # attr of converted nodes: a further call of that node's NCCL kernel
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
 SYNC_AFTER: dict[str, str] = {
@@ -190,8 +191,18 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
         tail[:] = [nid]
         return nid
 
-    pending: list[int] = []  # the sync node the next launch waits for
+    pending: list[int] = []  # the sync nodes the next launch waits for
     known = {n.id for n in nodes}
+    # The calls of one coalesced NCCL kernel (a converted batched send/recv: attr coalesced_with) are
+    # one launch, and a host sync after them waits for all of them: megatron's batch_p2p_sync
+    # synchronises after the whole batch, and a sync inside it would deadlock the two peers.
+    group_of = {n.id: int(n.attr(COALESCED_WITH)) for n in nodes if n.attr(COALESCED_WITH) is not None}
+    members: dict[int, list[int]] = {}
+    for nid, main in group_of.items():
+        members.setdefault(main, [main]).append(nid)
+    last_of = {m: max(ids) for m, ids in members.items()}
+    launch_of: dict[int, int] = {}  # old id of a coalesced kernel's first call -> its launch node
+    synced_groups: set[int] = set()
     for n in nodes:
         old = n.id
         try:
@@ -203,6 +214,19 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
         if not is_launched(n):
             new_id[old] = len(out)
             out.append(_moved(n, len(out), ctrl, data, in_place))
+            continue
+        main = group_of.get(old)
+        if main is not None and main in launch_of:  # launched with the kernel's first call
+            last = len(out)
+            out.append(_moved(n, last, ctrl, [*data, launch_of[main]], in_place))
+            new_id[old] = last
+            if old in sync or bool(n.attr(HOST_SYNC, False)):
+                synced_groups.add(main)
+            if old == last_of[main] and main in synced_groups:
+                if carry:
+                    launch(n, "launch_rest", carry, [])
+                    carry = 0
+                pending = [new_id[m] for m in members[main]]
             continue
         k, at, tail_ns = _split(n)
         first = launch(n, "launch", carry + 1, pending)
@@ -223,6 +247,11 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
             out.append(_moved(n, last, ctrl, [*data, first], in_place))
             carry = k - 1
         new_id[old] = last
+        if old in members:
+            launch_of[old] = first
+            if old in sync or bool(n.attr(HOST_SYNC, False)):
+                synced_groups.add(old)
+            continue  # a sync waits for the kernel's last call
         if old in sync or bool(n.attr(HOST_SYNC, False)):
             if carry:  # the host launches the rest before it waits
                 launch(n, "launch_rest", carry, [])

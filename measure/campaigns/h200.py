@@ -61,8 +61,15 @@ TRAININGS: list[tuple] = [
     ("mixtral-tp2ep2-sp", MIX, 2, 1, 2, 2, 1, 4, "none", ["--sequence-parallel"]),
     ("gpt175b-tp4", "gpt3-175b@L1", 4, 1, 1, 1, 1, 4, "none", []),
     ("llama70b-tp4-rcfull-mbs2", L70B, 4, 1, 1, 1, 2, 8, "full", []),
+    # round 4: single-GPU runs (no communication at all: kernels and host only)
+    ("llama8b-1gpu-mbs2", L8B, 1, 1, 1, 1, 2, 8, "none", []),
+    ("gpt6.7b-1gpu-mbs4-rcfull", G67B, 1, 1, 1, 1, 4, 8, "full", []),
+    ("mixtral-1gpu", MIX, 1, 1, 1, 1, 1, 4, "none", []),
 ]
-ROUND3 = [s[0] for s in TRAININGS[-7:]]
+ROUND3 = [s[0] for s in TRAININGS[-10:-3]]
+ONE_GPU = [s[0] for s in TRAININGS[-3:]]
+# Round 4 re-measured these with the converter that keeps pipeline send/recv (the round 1-3 ETs lack them).
+PP_RERUN = ["llama8b-pp4-rcfull", "llama8b-pp2vpp2dp2", "llama8b-tp2pp2", "gpt13b-pp2-rcfull", "gpt6.7b-pp2-mbs2"]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -116,6 +123,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
         jobs += [t(r) for r in ["gpt6.7b-tp2dp2-rcsel", "llama8b-tp2dp2-sp", "llama8b-pp2vpp2dp2", "gpt13b-tp4-rcfull",
                                 "llama8b-dp4-distopt"]]
     jobs += [t(r) for r in ROUND3]
+    jobs += [t(r) for r in ONE_GPU]
     return jobs
 
 

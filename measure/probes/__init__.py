@@ -1,0 +1,1 @@
+"""Small measurement probes the lead runs on a GPU machine (each writes one JSON)."""
