@@ -286,3 +286,65 @@ def test_gemms_match_a_measured_megatron_core_step(samples) -> None:
 
     assert generated_bytes(O.layer_fwd(model, par)) == pytest.approx(measured_bytes(qkv[0] + 1, qkv[1] - 1), rel=1e-3)
     assert generated_bytes(O.layer_bwd(model, par)) == pytest.approx(measured_bytes(dq[0] + 1, dq[1]), rel=1e-3)
+
+
+def test_foreach_launches_follow_multi_tensor_apply() -> None:
+    """torch's multi_tensor_apply: a kernel per 320 chunks of 65,536 elements, or per full tensor list."""
+    from calib.workload.ops import foreach_launches
+
+    full = 320 * 65536
+    assert foreach_launches([full], 1) == 1
+    assert foreach_launches([full + 1], 1) == 2
+    assert foreach_launches([full // 2, full // 2], 1) == 1
+    assert foreach_launches([10] * 110, 1) == 1  # depth 1 holds 110 tensors per kernel
+    assert foreach_launches([10] * 111, 1) == 2
+    assert foreach_launches([10] * 97, 1, scalar_list=True) == 2  # the ScalarList variant: 96
+    assert foreach_launches([10] * 49, 3) == 2  # depth 3: 48
+    assert foreach_launches([], 2) == 0
+
+
+def test_optimizer_step_per_tensor_and_per_group() -> None:
+    """Grad norm, clipping and the bf16 copy run per parameter tensor; Adam's foreach ops once per
+    parameter group (matrices with weight decay, norms and biases without)."""
+    from calib.workload import ops as O
+
+    model = resolve_model("llama3-8b@L2,S2048")
+    par = ParallelConfig(tp=2, micro_batch=1, global_batch=2)
+    tensors = O.param_tensors(O.padded_vocab(model, 2), par, 2, True, True)
+    # 2 layers x (2 norms + qkv + proj + fc1 + fc2) + embedding + final norm + output layer
+    assert len(tensors) == 15 and sum(1 for _, m, _ in tensors if not m) == 5
+    assert sum(n for n, _, _ in tensors) == pytest.approx(model.param_count() / 2, rel=0.01)
+    ops = O.optimizer_ops(sum(n for n, _, _ in tensors), [(n, m) for n, m, _ in tensors], "bf16")
+    count = Counter()
+    for o in ops:
+        count[o.aten_op] += o.repeat
+    assert count["aten::_local_scalar_dense"] == 15 + 1  # every tensor's norm read, then the total
+    assert count["aten::linalg_vector_norm"] == 15 + 10  # a memset before each matrix's reduction
+    assert count["aten::mul"] == 15  # clipping
+    assert count["aten::copy_"] == 15 + 15 + 1  # clipping copies, bf16 copies, the total norm
+    big = sum(n for n, m, _ in tensors if m)
+    assert count["aten::_foreach_addcmul_"] == O.foreach_launches([n for n, m, _ in tensors if m], 3) + 1
+    addcmul = next(o for o in ops if o.aten_op == "aten::_foreach_addcmul_")
+    assert addcmul.bytes == 12 * big  # the whole list's record on every kernel, as the converter writes it
+    assert [o.name for o in ops if o.name == "optimizer.grad_norm"]  # the host sync point keeps its name
+
+
+def test_generated_step_matches_a_profiled_one_kernel_by_kernel() -> None:
+    """traces/h200/llama8b-tp2 and gpt1.3b-dp2-mbs4: the generated step launches the profiled step's
+    kernels (cuBLAS's own memsets aside) and, with the bundled kernel model, takes its GPU time."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gen_vs_profile import compare_bundle
+
+    from calib.bundle.io import read_bundle
+    from calib.calibration import Calibration
+
+    cal = Calibration.load(ROOT / "calib" / "data" / "calibration-h200.yaml")
+    for run in ("llama8b-tp2", "gpt1.3b-dp2-mbs4"):
+        (stage,) = compare_bundle(read_bundle(ROOT / "traces" / "h200" / run), cal)
+        row = stage.summary()
+        assert abs(row["launch_dev_no_memset_pct"]) < 2.0, (run, row)
+        assert abs(row["gpu_dev_pct"]) < 4.0, (run, row)

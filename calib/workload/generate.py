@@ -393,8 +393,8 @@ class _StepContext:
         self.bucket_params = max(MIN_BUCKET_PARAMS, 1_000_000 * par.dp)
         self.act_p2p = sh.act_bytes // (par.tp if par.sequence_parallel else 1)
         for p in range(par.pp):
-            local, shard = self._optimizer_params(p)
-            templates[f"optimizer{p}"] = O.optimizer_ops(local, shard, par.dtype)
+            local, _ = self._optimizer_params(p)
+            templates[f"optimizer{p}"] = O.optimizer_ops(local, self._optimizer_tensors(p), par.dtype)
             if par.dp > 1:  # megatron DDP scales the fp32 gradient buffer by 1/DP before reducing it
                 templates[f"grad_scale{p}"] = [O.memop(f"dp.grad_scale.stage{p}", 8 * local, "fp32", "aten::mul_", local)]
 
@@ -422,6 +422,36 @@ class _StepContext:
         if par.distributed_optimizer:
             return dense + expert, dense / par.dp + expert / max(par.dp // par.ep, 1)
         return dense + expert, dense + expert
+
+    def _optimizer_tensors(self, stage: int) -> list[tuple[int, bool]]:
+        """The fp32 master tensors the optimizer of `stage`'s representative rank (dp 0) updates: every
+        local parameter tensor, or with the distributed optimizer the pieces of them in dp rank 0's
+        shard: megatron-core's gradient buffer holds the parameters in reverse order, cut into buckets of
+        at least bucket_params, and every bucket is split evenly over the DP ranks (experts: their own
+        buffer over expert-DP)."""
+        par, model = self.par, self.model
+        n = self.layers_per_chunk * par.vpp
+        pmodel = O.padded_vocab(model, par.tp)
+        tensors = O.param_tensors(pmodel, par, n, stage == 0, stage == par.pp - 1)
+        if not par.distributed_optimizer:
+            return [(x, m) for x, m, _ in tensors]
+        out: list[tuple[int, bool]] = []
+        for expert, ways in ((False, par.dp), (True, max(par.dp // par.ep, 1))):
+            group = [(x, m) for x, m, e in reversed(tensors) if e == expert]
+            bucket: list[tuple[int, bool]] = []
+            size = 0
+            for i, t in enumerate(group):
+                bucket.append(t)
+                size += t[0]
+                if size >= self.bucket_params or i == len(group) - 1:
+                    end, at = size / ways, 0
+                    for numel, mat in bucket:
+                        if at >= end:
+                            break
+                        out.append((int(min(numel, end - at)), mat))
+                        at += numel
+                    bucket, size = [], 0
+        return out
 
     def rep(self, stage: int) -> int:
         return rank_of(0, 0, stage % self.par.pp, self.par)

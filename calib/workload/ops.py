@@ -11,9 +11,19 @@ kernel as a profiled megatron-core step shows them (../shared/samples/h200x2-mco
   built (fill_, triu, copy_) and applied (masked_fill_), softmax, copied back to bf16, `bmm` with V,
   the context made contiguous; backward mirrors it (softmax backward is a mul and a
   _softmax_backward_data in fp32; Q and K gradients scaled; Q/K/V gradients concatenated);
-- memory-op bytes follow calib.ops: every input tensor plus the output (an in-place op counts its
-  tensor twice);
-- megatron's DDP adds each parameter's gradient into its fp32 main_grad after its backward.
+- memory-op bytes follow calib.ops as the converter records them, since the kernel model is fitted on
+  those records: every input tensor plus the output (an in-place op counts its tensor twice), a
+  device-to-device memcpy its bytes once, a foreach (multi_tensor_apply) op its whole tensor lists on
+  every one of its kernels;
+- megatron's DDP adds each parameter's gradient into its fp32 main_grad after its backward;
+- per micro-batch also the small kernels of the vocab-parallel embedding and cross entropy (id
+  masks, target-logit gather, loss averaging), the embedding backward's sort path above 3,072 tokens,
+  and megatron-core's MoE routing and token permutation (MOE_ROUTING);
+- the optimizer step as megatron-core runs it without Apex (optimizer_ops): per-tensor gradient norm
+  and clipping, torch's foreach Adam per parameter group, per-tensor copy into the model weights.
+Checked against every profiled H200 step by benchmarks/gen_vs_profile.py: kernel counts within a few
+percent except cuBLAS's own memsets before some GEMMs (they follow cuBLAS's kernel choice, not the
+op), GPU time per op class as close as the kernel model allows.
 Tensor parallelism follows Shoeybi et al. 2019 (column- then row-parallel linears, one all-reduce per
 block in each direction) and sequence parallelism Korthikanti et al. 2022 (all-gather before and
 reduce-scatter after each block; in backward the layer input is gathered again for the wgrad).
@@ -22,15 +32,14 @@ reduce-scatter after each block; in backward the layer input is gathered again f
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-RECORD_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # calib.ops spelling
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int64": 8, "bool": 1}
+RECORD_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int64": "int64", "bool": "bool"}  # calib.ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +182,12 @@ def _bias(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
 
 
 def _bias_grad(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
-    return [memop(name, tokens * width * sh.e, sh.dtype, "aten::sum", tokens * width)] if sh.bias else []
+    """A bias gradient: the sum over tokens, a split reduction whose output is zeroed first (a memset
+    recorded under aten::sum before every bias-gradient sum in traces/h200/gpt1.3b-dp2-mbs4)."""
+    if not sh.bias:
+        return []
+    return [memop(f"{name}.memset", 64, "fp32", "aten::sum"),
+            memop(name, tokens * width * sh.e, sh.dtype, "aten::sum", tokens * width)]
 
 
 def _residual(name: str, sh: Shapes, backward: bool = False) -> Op:
@@ -293,25 +307,55 @@ def moe_tokens(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> tuple[int, 
     return routed, max(per_expert, 1) if local_experts else 0
 
 
-MOE_ROUTING_SMALL_KERNELS = 45  # top-k, softmax, scatter, aux-loss sums, token counts and sort (a profiled step)
+# megatron-core's top-k router and alltoall token dispatcher between the router GEMMs and the token
+# gather, kernel by kernel in every MoE layer's forward of the profiled Mixtral steps (traces/h200/
+# mixtral-ep4, -ep2-mbs2, -tp2ep2-sp, -tp2-sp-rcsel: the same 56 kernels, a few more copies with TP):
+# softmax and top-k twice (scores and the aux-loss probabilities), scatters into the routing map, the
+# aux-loss sums, the token counts per expert (copied to the host: the sync point) and the sort of the
+# token indices by expert. (aten op, op class, kernels); tiny tensors over tokens x experts.
+MOE_ROUTING = (("aten::topk", "other", 4), ("aten::_softmax", "memory", 2), ("aten::fill_", "memory", 3),
+               ("aten::scatter", "memory", 3), ("aten::sum", "memory", 9), ("aten::mul", "memory", 2),
+               ("aten::div", "memory", 1), ("aten::add_", "memory", 1), ("aten::copy_", "memory", 14))
+MOE_ROUTING_AFTER_SYNC = (("aten::copy_", "memory", 6), ("aten::sort", "other", 4), ("aten::sort", "memory", 3),
+                          ("aten::remainder", "memory", 1), ("aten::index", "memory", 1))
+# Its backward (the same steps): the permutation's index_add_, the aux loss and the two softmaxes
+# differentiated, the routing map's index_put_s, before the router GEMMs' backward.
+MOE_ROUTING_BWD = (("aten::fill_", "memory", 3), ("aten::remainder", "memory", 1), ("aten::mul", "memory", 6),
+                   ("aten::div_", "memory", 1), ("aten::arange", "memory", 1), ("aten::_index_put_impl_", "memory", 2),
+                   ("aten::sum", "memory", 1), ("aten::_softmax_backward_data", "memory", 2),
+                   ("aten::copy_", "memory", 3), ("aten::gather", "memory", 1), ("aten::scatter_", "memory", 1),
+                   ("aten::add_", "memory", 1))
+
+
+# The routing map's index_put_ backward ran 2 kernels per layer with 1,024 local tokens (mixtral-tp2-sp-rcsel,
+# mixtral-tp2ep2-sp) and 9 with 2,048 or 4,096 (mixtral-ep4, mixtral-ep2-mbs2): 7 more above 1,024.
+MOE_INDEX_PUT_FEW_TOKENS = 1024
+MOE_INDEX_PUT_MORE = 7
+
+
+def _small(tag: str, table: tuple, n: int) -> list[Op]:
+    """Tiny kernels over n fp32 values (tokens x experts), as many of each aten op as `table` says."""
+    return [dataclasses.replace(Op(f"{tag}.{i}", cls, 0.0, float(8 * n), "fp32", aten), repeat=k)
+            for i, (aten, cls, k) in enumerate(table)]
 
 
 def _router(model: ModelSpec, sh: Shapes) -> list[Op]:
-    """Router GEMM, then megatron's routing bookkeeping: dozens of tiny kernels over tokens x experts."""
+    """Router GEMM (run twice in the profiled steps), then megatron's routing bookkeeping (MOE_ROUTING);
+    the op named `moe.router.bookkeeping` is where the host reads the token counts."""
     n = sh.local_tokens * model.experts
-    small = memop("moe.router.bookkeeping", 8 * n, "fp32", "aten::copy_")
-    return [gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype),
-            memop("moe.router.softmax", 8 * n, "fp32", "aten::_softmax", 5.0 * n),
-            memop("moe.router.topk", 4 * n + 12 * sh.local_tokens * model.top_k, "fp32", "aten::topk"),
-            dataclasses.replace(small, repeat=MOE_ROUTING_SMALL_KERNELS)]
+    router = dataclasses.replace(gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype), repeat=2)
+    small = _small("moe.router.routing", MOE_ROUTING, n)
+    sync = dataclasses.replace(memop("moe.router.bookkeeping", 8 * n, "fp32", "aten::copy_"), repeat=1)
+    return [router, *small, sync, *_small("moe.router.sort", MOE_ROUTING_AFTER_SYNC, n)]
 
 
 def _permute(sh: Shapes, routed: int) -> list[Op]:
-    """Tokens gathered into expert order (alltoall dispatcher): gather with int64 indices, then cat."""
+    """Tokens gathered into expert order (alltoall dispatcher): gather with int64 indices, then two cats."""
     x = routed * sh.h * sh.e
     return [memop("moe.permute.gather", x + sh.local_tokens * sh.h * sh.e + routed * sh.h * 8, sh.dtype,
                   "aten::gather"),
-            memop("moe.permute.cat", 2 * x, sh.dtype, "aten::cat")]
+            memop("moe.permute.cat", 2 * x, sh.dtype, "aten::cat"),
+            memop("moe.permute.cat2", 2 * x, sh.dtype, "aten::cat")]
 
 
 def _unpermute(sh: Shapes, routed: int) -> list[Op]:
@@ -469,26 +513,35 @@ def mlp_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
         x = routed * sh.h * sh.e
         items += [memop("moe.unpermute.bwd.gather", x + sh.local_tokens * sh.h * sh.e + routed * sh.h * 8, sh.dtype,
                         "aten::gather"),
-                  memop("moe.unpermute.bwd.split", 2 * x, sh.dtype, "aten::copy_"),
-                  memop("moe.unpermute.bwd.split2", 2 * x, sh.dtype, "aten::copy_")]
+                  memop("moe.unpermute.bwd.cat", 2 * x, sh.dtype, "aten::cat")]
         if par.ep > 1:
             items.append(Coll("moe.combine.bwd", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
         if sh.t > 1:
             items.append(Coll("moe.tp_rs.bwd", CommType.ALL_GATHER, routed * sh.h * sh.e, "tp"))
         for x in range(model.experts // par.ep):
             n = per_expert * sh.f
-            items.append(memop(f"moe.expert{x}.scale.bwd", 3 * n * sh.e, sh.dtype, "aten::mul", n))
+            # the scaling by the routing probability differentiated: both inputs' gradients and a sum
+            items += [memop(f"moe.expert{x}.scale.bwd", 3 * n * sh.e, sh.dtype, "aten::mul", n),
+                      memop(f"moe.expert{x}.scale.bwd.probs", 3 * n * sh.e, sh.dtype, "aten::mul", n),
+                      memop(f"moe.expert{x}.scale.bwd.sum", n * sh.e, sh.dtype, "aten::sum", n)]
             items += _mlp_body_bwd(model, sh, per_expert, f"moe.expert{x}", None, None)
         if sh.t > 1:
             items.append(Coll("moe.tp_ag.bwd", CommType.REDUCE_SCATTER, routed * sh.t * sh.h * sh.e, "tp"))
         if par.ep > 1:
             items.append(Coll("moe.dispatch.bwd", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
-        items += [memop("moe.permute.bwd.zero", 2 * sh.local_tokens * sh.h * sh.e, sh.dtype, "aten::fill_"),
-                  memop("moe.permute.bwd.scatter_add", 6 * routed * sh.h * sh.e, sh.dtype, "aten::scatter_add_",
+        cat = memop("moe.permute.bwd.cat", 2 * x, sh.dtype, "aten::cat")
+        items += [dataclasses.replace(cat, repeat=4),
+                  memop("moe.permute.bwd.zero", 2 * sh.local_tokens * sh.h * sh.e, sh.dtype, "aten::fill_"),
+                  memop("moe.permute.bwd.index_add", 6 * routed * sh.h * sh.e, sh.dtype, "aten::index_add_",
                         routed * sh.h)]
-        n = sh.local_tokens * model.experts
-        items.append(memop("moe.router.softmax.bwd", 12 * n, "fp32", "aten::_softmax_backward_data", 3.0 * n))
+        items += _small("moe.router.routing.bwd", MOE_ROUTING_BWD, sh.local_tokens * model.experts)
+        if sh.local_tokens > MOE_INDEX_PUT_FEW_TOKENS:
+            n = sh.local_tokens * model.experts
+            items.append(dataclasses.replace(memop("moe.router.routing.bwd.index_put", 8 * n, "fp32",
+                                                   "aten::_index_put_impl_"), repeat=MOE_INDEX_PUT_MORE))
         items += _linear_bwd("moe.router", sh.local_tokens, model.experts, sh.h, sh, None)
+        items.append(memop("moe.router.grad_add", 3 * sh.local_tokens * sh.h * sh.e, sh.dtype, "aten::add",
+                           sh.local_tokens * sh.h))
     items += _norm("mlp.norm.bwd", model, sh, backward=True)
     items.append(_residual("mlp.residual.bwd", sh, backward=True))
     return items
@@ -520,31 +573,82 @@ def _renamed(item: Item, prefix: str) -> Item:
 # --- embedding, output layer and loss, optimizer ------------------------------------------------
 
 
+def _vocab_mask(tag: str, T: int) -> list[Op]:
+    """megatron's vocabulary-range mask of the token ids (vocab-parallel embedding and cross entropy):
+    (id < start) | (id >= end), the ids copied and shifted by start, the out-of-range ones zeroed;
+    int64 ids, T tokens (bytes as calib.ops records them, a device copy's once)."""
+    return [memop(f"{tag}.lt", 9 * T, "int64", "aten::lt"), memop(f"{tag}.ge", 9 * T, "int64", "aten::ge"),
+            memop(f"{tag}.or", 3 * T, "bool", "aten::bitwise_or"), memop(f"{tag}.copy", 8 * T, "int64", "aten::copy_"),
+            memop(f"{tag}.sub", 16 * T + 8, "int64", "aten::sub"),
+            memop(f"{tag}.masked_fill", 17 * T, "int64", "aten::masked_fill_")]
+
+
 def embedding_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
-    """Vocab-parallel embedding: each TP rank looks up its vocabulary slice (out-of-slice tokens
-    masked), then the partial embeddings are summed (all-reduce, or reduce-scatter into sequence
-    shards with SP); learned positions are added and the result transposed to [s, b, h]."""
+    """The micro-batch's token ids drawn (the measurement harness's synthetic data), then the
+    vocab-parallel embedding: with TP each rank masks the ids outside its vocabulary slice, looks
+    up its slice (a gather with the ids expanded to [tokens, hidden]) and zeroes the masked rows; the
+    partial embeddings are summed (all-reduce, or reduce-scatter into sequence shards with SP);
+    learned positions are added and the result transposed to [s, b, h]."""
     x = sh.act_bytes
-    items: list[Item] = [
-        memop("embedding.lookup", x + model.vocab // sh.t * sh.h * sh.e + 8 * sh.tokens, sh.dtype, "aten::embedding"),
-        memop("embedding.mask", 2 * x, sh.dtype, "aten::masked_fill_"),
-    ]
+    T = sh.tokens
+    table = model.vocab // sh.t * sh.h * sh.e
+    items: list[Item] = [memop("data.tokens", 16 * T, "int64", "aten::random_")]
+    if sh.t > 1:
+        items += _vocab_mask("embedding.ids", T)
+    items.append(memop("embedding.lookup", table + T * sh.h * (8 + 2 * sh.e), sh.dtype, "aten::gather"))
+    if sh.t > 1:
+        items.append(memop("embedding.mask", 2 * x + T, sh.dtype, "aten::masked_fill_"))
     items += _leave_block("embedding.tp", sh)
     if model.position == "learned":
-        items.append(memop("embedding.position", x + model.seq_length * sh.h * sh.e, sh.dtype, "aten::embedding"))
+        if sh.b > 1:  # the position ids expanded over the batch made contiguous
+            items.append(memop("embedding.position_ids", 24 * T, "int64", "aten::copy_"))
+        items.append(memop("embedding.position", model.seq_length * sh.h * sh.e + T * sh.h * (8 + 2 * sh.e), sh.dtype,
+                           "aten::gather"))
         items.append(memop("embedding.add", 3 * x // (sh.t if sh.sp else 1), sh.dtype, "aten::add"))
-    items.append(memop("embedding.transpose", 2 * x // (sh.t if sh.sp else 1), sh.dtype, "aten::copy_"))
+    if sh.b > 1:  # [b, s, h] -> [s, b, h] made contiguous (a view when b = 1: no kernel in the profiled steps)
+        items.append(memop("embedding.transpose", 3 * x // (sh.t if sh.sp else 1), sh.dtype, "aten::copy_"))
     return items
 
 
+# torch's embedding_dense_backward (aten/src/ATen/native/cuda/Embedding.cu) takes a one-kernel path
+# for at most 3,072 indices and otherwise sorts the indices: 29 kernels (radix-sort passes with their
+# memsets, unique-by-key, scans, compute_grad_weight, sum_and_scatter) in traces/h200/gpt1.3b-dp2-mbs4,
+# for the 2,048-row position table as for the 50,304-row word table.
+EMBEDDING_BWD_FEATURE_MAX_INDICES = 3072
+EMBEDDING_BWD_SORT_KERNELS = 29
+
+
+def _embedding_grad(tag: str, rows: int, sh: Shapes) -> list[Op]:
+    """The gradient of one embedding table of `rows` rows: zeroed, then the token gradients summed
+    into it (record bytes: table, token gradients and int64 indices, as calib.ops records them)."""
+    table = rows * sh.h * sh.e
+    T = sh.tokens
+    zero = memop(f"{tag}.zero", 2 * table, sh.dtype, "aten::fill_")
+    grad = memop(f"{tag}", table + sh.act_bytes + 8 * T, sh.dtype, "aten::embedding_dense_backward")
+    if T <= EMBEDDING_BWD_FEATURE_MAX_INDICES:
+        return [zero, grad]
+    return [memop(f"{tag}.arange", 8 * T, "int64", "aten::arange"), zero,
+            dataclasses.replace(grad, repeat=EMBEDDING_BWD_SORT_KERNELS)]
+
+
 def embedding_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
+    """Backward of embedding_fwd as profiled: with TP the gradient copied (a device copy: its bytes once)
+    and its masked rows zeroed; with micro-batches of more than one sequence the [s, b, h] gradient
+    made contiguous in [b, s, h] order for each table (the position ids too); each table's gradient
+    (`_embedding_grad`, the position table's first) added into its main_grad."""
     items: list[Item] = list(_grad_in_block("embedding.tp.bwd", sh))
-    table = model.vocab // sh.t * sh.h * sh.e
-    # A zeroed gradient table per micro-batch, then the scatter-add of the token gradients into it.
-    items.append(memop("embedding.grad.zero", 2 * table, sh.dtype, "aten::fill_"))
-    items.append(memop("embedding.grad", 2 * sh.act_bytes + table, sh.dtype, "aten::embedding_dense_backward"))
-    tensors = [model.vocab // sh.t * sh.h] + ([model.seq_length * sh.h] if model.position == "learned" else [])
-    items += main_grad_accumulation(tensors, "embedding", sh.dtype)
+    x = sh.act_bytes
+    if sh.t > 1:
+        items += [memop("embedding.grad.copy", x, sh.dtype, "aten::copy_"),
+                  memop("embedding.grad.mask", 2 * x + sh.tokens, sh.dtype, "aten::masked_fill_")]
+    rows = [model.vocab // sh.t] + ([model.seq_length] if model.position == "learned" else [])
+    for i, r in enumerate(reversed(rows)):
+        if sh.b > 1:
+            if r == model.seq_length and model.position == "learned":
+                items.append(memop(f"embedding.grad{i}.position_ids", 24 * sh.tokens, "int64", "aten::copy_"))
+            items.append(memop(f"embedding.grad{i}.transpose", 3 * x, sh.dtype, "aten::copy_"))
+        items += _embedding_grad(f"embedding.grad{i}", r, sh)
+    items += main_grad_accumulation([r * sh.h for r in rows], "embedding", sh.dtype)
     return items
 
 
@@ -562,10 +666,23 @@ def output_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
         memop("loss.to_fp32", n * (sh.e + 8), "fp32", "aten::copy_"),
         memop("loss.max", 4 * n, "fp32", "aten::max", n),
         memop("loss.sub", 8 * n, "fp32", "aten::sub_", n),
+        *_vocab_mask("loss.target", T),
+        memop("loss.arange", 8 * T, "int64", "aten::arange"),
+        memop("loss.target_logit", 4 * n + 8 * T, "fp32", "aten::index"),
+        memop("loss.target_logit.copy", 4 * T, "fp32", "aten::copy_"),
+        memop("loss.target_logit.mask", 9 * T, "fp32", "aten::masked_fill_"),
         memop("loss.exp", 12 * n, "fp32", "aten::exp", n),
         memop("loss.sum", 4 * n, "fp32", "aten::sum", n),
+        memop("loss.log", 8 * T, "fp32", "aten::log", T),
+        memop("loss.sub_target", 12 * T, "fp32", "aten::sub", T),
         memop("loss.div", 8 * n, "fp32", "aten::div_", n),
+        memop("loss.mean", 4 * T + 4, "fp32", "aten::mean", T),
     ]
+    # The loss scaled and averaged for the backward pass and the log: scalar kernels (a profiled step:
+    # mul_, div_, add_, mul, fill_, mul, sum, div, mul after the mean, in every micro-batch).
+    items += [memop(f"loss.scalar.{i}.{a}", b, "fp32", f"aten::{a}") for i, (a, b) in enumerate(
+        (("mul_", 16), ("div_", 16), ("add_", 12), ("mul", 12), ("fill_", 8), ("mul", 12), ("sum", 8), ("div", 16),
+         ("mul", 16)))]
     if sh.t > 1:
         items += [Coll(f"loss.tp{i}", CommType.ALL_REDUCE, T * 4, "tp") for i in range(3)]
     return items
@@ -576,7 +693,13 @@ def output_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     v = model.vocab // sh.t
     n = T * v
     items: list[Item] = [
-        memop("loss.grad.index_put", 8 * n, "fp32", "aten::_index_put_impl_"),
+        memop("loss.grad.mean", 4 * T + 8, "fp32", "aten::div", T),
+        memop("loss.grad.arange", 8 * T, "int64", "aten::arange"),
+        memop("loss.grad.target.copy", 9 * T, "int64", "aten::copy_"),
+        memop("loss.grad.target.sub", 8 * T + 8, "fp32", "aten::sub", T),
+        memop("loss.grad.index", 4 * n + 8 * T, "fp32", "aten::index"),
+        memop("loss.grad.target", 12 * T, "fp32", "aten::sub_", T),
+        memop("loss.grad.index_put", 8 * n + 16 * T, "fp32", "aten::_index_put_impl_"),
         memop("loss.grad.scale", 8 * n, "fp32", "aten::mul_", n),
         memop("loss.grad.to_bf16", n * (4 + 2 * sh.e), sh.dtype, "aten::copy_"),
     ]
@@ -586,30 +709,133 @@ def output_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     return items
 
 
-# torch's foreach Adam(W) on fp32 master weights, op by op as the profiled steps run it: weight-decay
-# mul_, exp_avg lerp_, exp_avg_sq mul_ and addcmul_, sqrt, div_ and add_ of the denominator, addcdiv_
-# of the update; with the bytes per parameter each touches (fp32 tensors read and written).
-ADAM_FOREACH = (("mul_", 8), ("lerp_", 12), ("mul_", 8), ("addcmul_", 12), ("sqrt", 8), ("div_", 8), ("add_", 8),
-                ("addcdiv_", 16))
-# torch's multi_tensor_apply launches one kernel per 320 blocks of 65536 elements (kChunkSize and
-# depth_to_max_blocks in aten/src/ATen/native/cuda/MultiTensorApply.cuh).
-FOREACH_CHUNK_ELEMENTS = 320 * 65536
+def param_tensors(model: ModelSpec, par: ParallelConfig, layers: int, first: bool,
+                  last: bool) -> list[tuple[int, bool, bool]]:
+    """(elements, is a matrix, is an expert's) of every parameter tensor on one GPU of a pipeline stage
+    holding `layers` layers (the embedding on the first stage, final norm and output layer on the
+    last), in megatron-core's registration order; `model` with its vocabulary padded (padded_vocab).
+    Matrices are split by TP; norms, and the biases of row-parallel layers, are whole. Experts are
+    separate tensors (experts / EP on a GPU)."""
+    t = par.tp
+    h, f = model.hidden, model.ffn_hidden // t
+    f1 = 2 * f if model.activation == "swiglu" else f
+    bias = model.activation != "swiglu"
+    qkv = (model.heads * model.head_dim + 2 * model.kv_groups * model.head_dim) // t
+    norm = [(h, False, False)] * (2 if model.norm == "layernorm" else 1)
+
+    def mlp(b: bool, expert: bool) -> list[tuple[int, bool, bool]]:
+        return ([(f1 * h, True, expert)] + ([(f1, False, expert)] if b else []) + [(h * f, True, expert)]
+                + ([(h, False, expert)] if b else []))
+
+    layer = [*norm, (qkv * h, True, False)] + ([(qkv, False, False)] if bias else [])
+    layer += [(h * model.heads * model.head_dim // t, True, False)] + ([(h, False, False)] if bias else []) + norm
+    if model.is_moe:
+        layer.append((model.experts * h, True, False))
+        for _ in range(model.experts // par.ep):
+            layer += mlp(False, True)
+    else:
+        layer += mlp(bias, False)
+    out: list[tuple[int, bool, bool]] = []
+    if first:
+        out.append((model.vocab // t * h, True, False))
+        if model.position == "learned":
+            out.append((model.seq_length * h, True, False))
+    out += layer * layers
+    if last:
+        out += norm
+        if not (model.tied_embeddings and first):
+            out.append((model.vocab // t * h, True, False))
+    return out
 
 
-def optimizer_ops(local_params: float, shard_params: float, dtype: str) -> list[Op]:
-    """One optimizer step of megatron's mixed-precision optimizer on one GPU: zero the fp32 grad
-    buffer (all local parameters), gradient norm for clipping, Adam on the fp32 master weights of
-    this GPU's shard (all local parameters, or 1/DP with the distributed optimizer) as torch's
-    foreach ops, one kernel per chunk (the kernel model times those per kernel, as they were
-    measured), and the copy of the updated master weights into the bf16 model weights."""
-    e = DTYPE_BYTES[dtype]
-    chunks = max(1, math.ceil(shard_params / FOREACH_CHUNK_ELEMENTS))
-    per_chunk = shard_params / chunks
-    ops = [memop("optimizer.zero_grad", 8 * local_params, "fp32", "aten::fill_"),
-           memop("optimizer.grad_norm", 4 * shard_params, "fp32", "aten::linalg_vector_norm", 2.0 * shard_params)]
-    for i, (name, b) in enumerate(ADAM_FOREACH):
-        op = memop(f"optimizer.adam.{i}.{name}", b * per_chunk, "fp32", f"aten::_foreach_{name}", per_chunk)
-        ops.append(dataclasses.replace(op, repeat=chunks))
+# torch's foreach Adam(W) (torch.optim.adam._multi_tensor_adam) on the fp32 master weights, op by op as
+# the profiled steps run it: weight-decay mul_, exp_avg lerp_, exp_avg_sq mul_ and addcmul_, sqrt,
+# div_ and add_ of the denominator, addcdiv_ of the update. Per op: (name, bytes per parameter of the
+# record as calib.ops writes it: every input tensor list plus the output list, an in-place op's
+# list once, e.g. 12 for addcmul_(exp_avg_sq, grad, grad) = 11,538,530,304 bytes on 961,581,056
+# parameters in traces/h200/llama8b-tp2; tensor lists the kernel reads (multi_tensor_apply depth);
+# the scalar argument is a list (ScalarList variant)).
+ADAM_FOREACH = (("mul_", 4, 1, False), ("lerp_", 8, 2, False), ("mul_", 4, 1, False), ("addcmul_", 12, 3, False),
+                ("sqrt", 8, 2, False), ("div_", 4, 1, True), ("add_", 4, 1, False), ("addcdiv_", 12, 3, True))
+# torch's multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): chunks of kChunkSize
+# elements, one block each; a kernel is launched when depth_to_max_blocks (320) blocks or
+# depth_to_max_tensors tensors (a tensor's last chunk) are filled, and once more for what is left.
+FOREACH_CHUNK = 65536
+FOREACH_MAX_BLOCKS = 320
+FOREACH_MAX_TENSORS = (110, 64, 48, 36, 30)
+FOREACH_MAX_TENSORS_SCALARLIST = (96, 64, 48, 36, 30)
+FOREACH_CHUNK_ELEMENTS = FOREACH_MAX_BLOCKS * FOREACH_CHUNK  # elements of one full kernel
+
+
+def foreach_launches(numels: list[int], depth: int, scalar_list: bool = False) -> int:
+    """Kernels torch's multi_tensor_apply launches for one foreach op over tensors of `numels` elements."""
+    max_tensors = (FOREACH_MAX_TENSORS_SCALARLIST if scalar_list else FOREACH_MAX_TENSORS)[depth - 1]
+    launches = blocks = tensors = 0
+    for n in numels:
+        if n <= 0:
+            continue
+        tensors += 1
+        left = -(-n // FOREACH_CHUNK)
+        while left:
+            take = min(left, FOREACH_MAX_BLOCKS - blocks)
+            blocks += take
+            left -= take
+            if blocks == FOREACH_MAX_BLOCKS:  # the current tensor goes on in the next kernel unless it ended
+                launches += 1
+                blocks, tensors = 0, (0 if left == 0 else 1)
+        if tensors == max_tensors:
+            launches += 1
+            blocks = tensors = 0
+    return launches + (1 if blocks else 0)
+
+
+def _per_tensor(name: str, sizes: list[int], per_elem: int, extra: int, dtype: str, aten: str,
+                flops: bool = False) -> list[Op]:
+    """One kernel per tensor (a Python loop over the parameters), grouped by size: an Op per size
+    with `repeat` the number of tensors of that size."""
+    counts: dict[int, int] = {}
+    for n in sizes:
+        counts[n] = counts.get(n, 0) + 1
+    return [dataclasses.replace(memop(f"{name}.{n}", per_elem * n + extra, dtype, aten, float(n) if flops else 0.0),
+                                repeat=c) for n, c in counts.items()]
+
+
+def optimizer_ops(local_params: float, tensors: list[tuple[int, bool]], dtype: str) -> list[Op]:
+    """One optimizer step of megatron-core's mixed-precision optimizer (no Apex, no Transformer Engine)
+    on one GPU whose optimizer updates the fp32 master tensors `tensors` ((elements, is a matrix): all
+    local parameters, or the pieces in this GPU's shard with the distributed optimizer), kernel by
+    kernel as traces/h200/llama8b-tp2 and gpt1.3b-dp2-mbs4 show it:
+    - the fp32 gradient buffer of all local parameters zeroed;
+    - the gradient norm for clipping tensor by tensor: a norm reduction each (matrices: a memset of
+      its output first), each read by the host (a device-to-host copy), the total copied back,
+      squared, and read by the host (the sync point `optimizer.grad_norm`);
+    - clipping tensor by tensor: the gradient times the clip factor, copied back;
+    - Adam as torch's foreach ops, once per parameter group (with weight decay: the matrices; without:
+      norms and biases), each op as multi_tensor_apply launches it (`foreach_launches`), every kernel
+      with the whole op's record (as the converter records them and the kernel model times them);
+    - the updated master weights copied into the bf16/fp16 model weights, tensor by tensor."""
+    sizes = [n for n, _ in tensors]
+    ops = [memop("optimizer.zero_grad", 8 * local_params, "fp32", "aten::fill_")]
+    mats = [n for n, m in tensors if m]
+    if mats:
+        ops.append(dataclasses.replace(memop("optimizer.grad_norm.memset", 4, "fp32", "aten::linalg_vector_norm"),
+                                       repeat=len(mats)))
+    ops += _per_tensor("optimizer.grad_norm.tensor", sizes, 4, 4, "fp32", "aten::linalg_vector_norm", True)
+    ops.append(dataclasses.replace(memop("optimizer.grad_norm.read", 4, "fp32", "aten::_local_scalar_dense"),
+                                   repeat=len(sizes)))
+    ops += [memop("optimizer.grad_norm.total", 4, "fp32", "aten::copy_"),
+            memop("optimizer.grad_norm.pow", 8, "fp32", "aten::pow", 1.0),
+            memop("optimizer.grad_norm", 4, "fp32", "aten::_local_scalar_dense")]
+    ops += _per_tensor("optimizer.clip.mul", sizes, 8, 8, "fp32", "aten::mul", True)
+    ops += _per_tensor("optimizer.clip.copy", sizes, 4, 0, "fp32", "aten::copy_")  # a DtoD memcpy: its bytes once
+    for g, group in enumerate((mats, [n for n, m in tensors if not m])):
+        if not group:
+            continue
+        total = float(sum(group))
+        for i, (name, b, depth, scalar_list) in enumerate(ADAM_FOREACH):
+            op = memop(f"optimizer.adam.g{g}.{i}.{name}", b * total, "fp32", f"aten::_foreach_{name}", total)
+            ops.append(dataclasses.replace(op, repeat=foreach_launches(group, depth, scalar_list)))
     if dtype != "fp32":
-        ops.append(memop("optimizer.copy_to_model", (4 + 2 * e) * shard_params, dtype, "aten::copy_"))
+        e = DTYPE_BYTES[dtype]
+        ops += _per_tensor("optimizer.copy_to_model", sizes, 4 + 2 * e, 0, dtype, "aten::copy_")
     return ops

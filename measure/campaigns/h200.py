@@ -65,9 +65,12 @@ TRAININGS: list[tuple] = [
     ("llama8b-1gpu-mbs2", L8B, 1, 1, 1, 1, 2, 8, "none", []),
     ("gpt6.7b-1gpu-mbs4-rcfull", G67B, 1, 1, 1, 1, 4, 8, "full", []),
     ("mixtral-1gpu", MIX, 1, 1, 1, 1, 1, 4, "none", []),
+    ("gpt13b-1gpu-mbs2", G13B, 1, 1, 1, 1, 2, 8, "none", []),
+    ("gpt1.3b-1gpu-mbs4", G13, 1, 1, 1, 1, 4, 16, "none", []),
+    ("llama8b-1gpu-rcsel", L8B, 1, 1, 1, 1, 1, 8, "selective", []),
 ]
-ROUND3 = [s[0] for s in TRAININGS[-10:-3]]
-ONE_GPU = [s[0] for s in TRAININGS[-3:]]
+ROUND3 = [s[0] for s in TRAININGS[-13:-6]]
+ONE_GPU = [s[0] for s in TRAININGS[-6:]]
 # Round 4 re-measured these with the converter that keeps pipeline send/recv (the round 1-3 ETs lack them).
 PP_RERUN = ["llama8b-pp4-rcfull", "llama8b-pp2vpp2dp2", "llama8b-tp2pp2", "gpt13b-pp2-rcfull", "gpt6.7b-pp2-mbs2"]
 
