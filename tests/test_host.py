@@ -8,7 +8,7 @@ import pytest
 
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
 from calib.errors import CalibError
-from calib.models.host import HostModel, fit_runs, solve
+from calib.models.host import LAUNCH_MAX_S, Curves, HostModel, fit_runs, solve
 from calib.models.host import _Run as Run
 from calib.sim import simulate
 from calib.sim.config import Dim, NetworkConfig, SystemConfig
@@ -148,6 +148,86 @@ def test_fit_runs_recovers_a_known_cost_and_cross_validates() -> None:
     assert back.launch_s == model.launch_s and back.runs == model.runs
 
 
+def _counted(fn):  # a step function that counts its simulations
+    def step(x: float) -> float:
+        step.calls += 1  # type: ignore[attr-defined]
+        return fn(x)
+    step.calls = 0  # type: ignore[attr-defined]
+    return step
+
+
+def test_gpu_bound_runs_do_not_drag_the_cost_to_zero() -> None:
+    # Three runs GPU-bound at zero cost (over-predicted by 5 %, knee at 100 us: any cost below fits them
+    # alike) and two host-bound ones whose true cost is 50 us. The median of the roots would be 0.
+    gpu = [lambda c: max(0.105, 1000 * c)] * 3
+    host = [lambda c: 0.01 + 2000 * c, lambda c: 0.02 + 3000 * c]
+    steps = [_counted(f) for f in gpu + host]
+    measured = [0.1, 0.1, 0.1, 0.01 + 2000 * 50e-6, 0.02 + 3000 * 50e-6]
+    curves = Curves(steps, measured, LAUNCH_MAX_S)
+    cost = curves.fit()
+    assert curves.roots[:3] == [0.0, 0.0, 0.0] and sorted(curves.roots)[2] == 0.0
+    assert cost == pytest.approx(50e-6, rel=0.005)
+    assert curves.roots[3] == pytest.approx(50e-6, rel=0.005)
+    assert sum(s.calls for s in steps) <= 5 * 20  # a grid, a root search and a few refinements per run
+
+
+def test_a_gpu_bound_run_holds_the_cost_where_it_starts_to_hurt() -> None:
+    # Run a fits any cost up to its knee at 20 us and then grows 5e4 percent per second of cost; runs b and c
+    # (root 60 us) lose 1.43e4 each: past 20 us a hurts more than b and c gain, so the best cost is the knee.
+    a = lambda c: max(0.1, 5000 * c)  # noqa: E731
+    b = lambda c: 0.01 + 1000 * c  # noqa: E731
+    curves = Curves([a, b, b], [0.1, 0.07, 0.07], LAUNCH_MAX_S)
+    assert curves.fit() == pytest.approx(20e-6, rel=0.005)
+    assert curves.roots == pytest.approx([0.0, 60e-6, 60e-6], rel=0.005)
+    # A lighter run a (knee at 50 us, 2e4 per second past it) gives way to b and c: the best cost is their root.
+    light = Curves([lambda c: max(0.1, 2000 * c), b, b], [0.1, 0.07, 0.07], LAUNCH_MAX_S)
+    assert light.fit() == pytest.approx(60e-6, rel=0.005)
+
+
+def test_heldout_reuses_the_simulated_costs() -> None:
+    # Four configurations; each held-out one gets the best cost over the others without a new simulation.
+    fns = [lambda c, k=k: 0.01 * k + 1000 * k * c for k in (1, 2, 3, 4)]
+    truth = [30e-6, 30e-6, 40e-6, 80e-6]
+    steps = [_counted(f) for f in fns]
+    curves = Curves(steps, [f(t) for f, t in zip(fns, truth, strict=True)], LAUNCH_MAX_S)
+    curves.fit()
+    before = [s.calls for s in steps]
+    held = curves.heldout(["A", "B", "C", "D"])
+    assert [s.calls for s in steps] == before
+    # Leaving out D, the best cost for A, B, C is 30 us (two of three, and C weighs less than A and B
+    # together); leaving out A or B, it is between 30 and 40 us: the weighted median of B/C or A/C.
+    assert held[3] == pytest.approx(30e-6, rel=0.005)
+    for i in (0, 1, 2):
+        assert 30e-6 * 0.995 <= held[i] <= 40e-6 * 1.005
+    assert curves.heldout(["A", "A", "A", "A"]) == {}  # one configuration: nothing to hold out
+
+
+def test_all_gpu_bound_gives_zero_and_a_flat_tie_the_smallest_cost() -> None:
+    curves = Curves([lambda c: max(0.2, 1000 * c), lambda c: max(0.3, 2000 * c)], [0.1, 0.2], LAUNCH_MAX_S)
+    assert curves.fit() == 0.0 and curves.roots == [0.0, 0.0]
+    # Host-bound runs never reaching their measured step inside the bracket: the bracket's end.
+    slow = Curves([lambda c: 0.01 + c], [1.0], LAUNCH_MAX_S)
+    assert slow.fit() == LAUNCH_MAX_S and slow.roots == [LAUNCH_MAX_S]
+
+
+def test_mape_minimum_on_a_nonlinear_step() -> None:
+    # Convex, smooth steps (not piecewise linear): the fitted cost's MAPE is within 0.05 points of the best
+    # on a fine grid of true values.
+    import numpy as np
+
+    fns = [lambda c, a=a, g=g: max(g, a * c + 3e6 * c * c) for a, g in ((900, 0.05), (1500, 0.12), (700, 0.02),
+                                                                       (2500, 0.3), (1100, 0.03))]
+    measured = [0.06, 0.1, 0.05, 0.28, 0.09]
+    curves = Curves(fns, measured, LAUNCH_MAX_S)
+    cost = curves.fit()
+
+    def true_mape(c: float) -> float:
+        return 100 * float(np.mean([abs(f(c) - m) / m for f, m in zip(fns, measured, strict=True)]))
+
+    fine = min(true_mape(c) for c in np.linspace(0, 2e-4, 20_001))
+    assert true_mape(cost) <= fine + 0.05
+
+
 def test_host_model_bad_input() -> None:
     with pytest.raises(CalibError, match="launch_s"):
         HostModel.from_dict({"sync_s": 1.0})
@@ -214,3 +294,24 @@ def test_fit_host_on_a_real_bundle() -> None:
     run = prepare_run(bundle, cal.kernel_model(), cal)
     assert run.step(model.launch_s, model.sync_s) == pytest.approx(run.measured_s, rel=0.01)
     assert run.step(0.0, 0.0) < run.measured_s  # the GPU-bound step underpredicts this run
+
+
+def test_replay_recosting_equals_building_anew() -> None:
+    from conftest import TRACES
+
+    from calib.bundle.io import read_bundle
+    from calib.calibration import Calibration
+    from calib.models.host import replay_run
+    from calib.project import default_calibration_path
+    from calib.validation import engine
+    from calib.validation.replay import read_run_traces, replay_workload
+    from calib.workload.host import add_host_to_replay
+
+    bundle = read_bundle(TRACES / "h200" / "gpt175b-tp4")
+    cal = Calibration.load(default_calibration_path("h200"))
+    run = replay_run(bundle, cal, 1e-4)
+    network, system = engine.replay_network(bundle, cal)
+    base = replay_workload(read_run_traces(bundle))
+    for c in (60e-6, 0.0):  # re-costed in place, down as well as up
+        built = simulate(add_host_to_replay(base, c, 1e-4), network, system).step_time_s
+        assert run.step(c, 0.0) == built

@@ -10,13 +10,17 @@ The generator (calib.workload.generate with `host=`) puts them into the ET as AS
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
 times from the calibration's kernel model, network from its network fit, on the bundle's host
-preset) is simulated for trial launch costs; the simulated step time never decreases with the
-launch cost, so a bracketing root search finds the cost at which it equals the measured step.
-`launch_s` is the median over runs; then, with it fixed, `sync_s` is fitted the same way on the
-runs that have sync points, median over those; a second round refits the launch costs at that
-sync cost (and the sync cost at the new launch cost). Runs whose GPU-bound step is already longer than
-measured give 0. The error is leave-one-configuration-out: each configuration (RunSpec.key(),
-telemetry twins together) is predicted with the medians of the other configurations' fits.
+preset) is simulated for trial costs on a grid shared by all runs (`Curves`). The step never
+decreases with a cost, so it is interpolated between simulated costs, and the cost chosen is the
+one minimising the mean absolute percent error (MAPE) of the simulated against the measured steps
+over all runs, refined where a lower bound of the MAPE says it could still improve. A run that is
+already over-predicted at zero cost (GPU-bound) then constrains the cost only from where the cost
+starts to lengthen its step; the median of per-run roots would count it as wanting 0. `launch_s` is
+fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with sync points), then both once
+more. Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
+informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
+(RunSpec.key(), telemetry twins together) is simulated at the costs minimising the MAPE over the
+other configurations, found on the same simulated grid (no new simulation but the held-out step).
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ from calib.workload.host import SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
 SYNC_MAX_S = 50e-3
-ROUNDS = 2  # alternations of the launch and sync fits (the second round moves launch_s by < 1 % here)
-REL_TOL = 0.002  # stop when the simulated step is within 0.2 % of the measured one
+ROUNDS = 2  # alternations of the launch and sync fits
+REL_TOL = 0.002  # root search: stop when the simulated step is within 0.2 % of the measured one
+GRID_FIRST = 1 / 64  # the coarse grid: 0, then hi/64, hi/32, ... (LAUNCH_MAX_S/64 = 15.6 us)
+REFINE = 12  # at most this many refinements per fit, each simulating every run at one more cost
+F_TOL = 0.02  # percentage points of MAPE: a cost that could gain less is not simulated
+DENSE = 4001  # costs at which the bound is evaluated, over [0, top]
+SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns of launch, 3 us of sync)
 
 
 @dataclass
@@ -89,12 +98,12 @@ class _Run:
     step: StepOf
 
 
-def solve(step: Callable[[float], float], target: float, hi: float) -> float:
-    """The smallest x in [0, hi] with step(x) ~= target for a non-decreasing step; 0 when step(0) is
+def solve(step: Callable[[float], float], target: float, hi: float, lo: float = 0.0) -> float:
+    """The smallest x in [lo, hi] with step(x) ~= target for a non-decreasing step; lo when step(lo) is
     already above target, hi when step(hi) is still below. Regula falsi (Illinois) on the bracket."""
-    lo, f_lo = 0.0, step(0.0) - target
+    f_lo = step(lo) - target
     if f_lo >= 0:
-        return 0.0
+        return lo
     f_hi = step(hi) - target
     if f_hi <= 0:
         return hi
@@ -120,51 +129,199 @@ def solve(step: Callable[[float], float], target: float, hi: float) -> float:
     return x
 
 
-def _combine(launch: dict[str, float], sync: dict[str, float], ids: set[str]) -> tuple[float, float]:
-    ls = [v for k, v in launch.items() if k in ids]
-    ss = [v for k, v in sync.items() if k in ids]
-    return (float(np.median(ls)) if ls else 0.0), (float(np.median(ss)) if ss else 0.0)
+class Curves:
+    """The simulated steps of some runs as functions of one host cost (the other one fixed), known at
+    the costs simulated so far.
+
+    The step never decreases with the cost, so linear interpolation between simulated costs is a
+    non-decreasing estimate of it everywhere in between, and the estimated mean absolute percent error
+    (MAPE) over the runs is piecewise linear in the cost. `fit` picks the cost minimising it: a run
+    that is GPU-bound at zero cost (over-predicted already) says nothing until the cost starts to
+    lengthen its step, and from there on pulls the cost down as much as it is hurt.
+    """
+
+    def __init__(self, steps: Sequence[Callable[[float], float]], measured: Sequence[float], hi: float) -> None:
+        self.steps = list(steps)
+        self.measured = np.asarray(measured, dtype=float)
+        self.hi = hi
+        self.points: list[dict[float, float]] = [{} for _ in self.steps]
+        self.shared: set[float] = set()  # costs at which every run has been simulated
+        self.top = hi  # above it every run is over-predicted, so the MAPE only grows (set by `coarse`)
+        self.roots: list[float] = []  # per run: the cost at which its step equals the measured one
+
+    def at(self, i: int, x: float) -> float:
+        pts = self.points[i]
+        if x not in pts:
+            pts[x] = float(self.steps[i](x))
+        return pts[x]
+
+    def simulate(self, x: float) -> None:
+        for i in range(len(self.steps)):
+            self.at(i, x)
+        self.shared.add(x)
+
+    def curve(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        xs = np.array(sorted(self.points[i]))
+        # Running maximum: a simulator's rounding must not make the estimate decrease.
+        return xs, np.maximum.accumulate(np.array([self.points[i][x] for x in xs]))
+
+    def mape(self, xs: np.ndarray, idx: Sequence[int]) -> np.ndarray:
+        """Estimated MAPE (percent) over runs `idx` at each cost of `xs` (interpolated, no simulation)."""
+        est = np.array([np.interp(xs, *self.curve(i)) for i in idx])
+        m = self.measured[list(idx)][:, None]
+        return 100.0 * np.mean(np.abs(est - m) / m, axis=0)
+
+    def best(self, idx: Sequence[int], only_shared: bool = False) -> float:
+        """The cost in [0, top] with the least estimated MAPE over runs `idx` (the smallest such cost;
+        no simulation). The estimate is piecewise linear: its minimum lies at a simulated cost or
+        where a run's estimate crosses its measured step."""
+        cand = set(self.shared)
+        if not only_shared:
+            for i in idx:
+                xs, ys = self.curve(i)
+                cand.update(xs.tolist())
+                m = self.measured[i]
+                k = int(np.searchsorted(ys, m))
+                if 0 < k < len(ys) and ys[k] > ys[k - 1]:
+                    cand.add(float(xs[k - 1] + (m - ys[k - 1]) * (xs[k] - xs[k - 1]) / (ys[k] - ys[k - 1])))
+        c = np.array(sorted(x for x in cand if 0.0 <= x <= self.top))
+        return float(c[int(np.argmin(self.mape(c, idx)))])
+
+    def coarse(self) -> None:
+        """Every run at 0 and at hi/64, hi/32, ... up to the first cost at which all are over-predicted:
+        beyond it the MAPE only grows. Every run at every point, over-predicted ones too: where a
+        GPU-bound run's step starts to grow is what constrains the cost."""
+        self.simulate(0.0)
+        x = self.hi * GRID_FIRST
+        while True:
+            self.simulate(x)
+            if x >= self.hi or all(self.points[i][x] >= m for i, m in enumerate(self.measured)):
+                break
+            x = min(2.0 * x, self.hi)
+        self.top = x
+
+    def root(self, i: int) -> float:
+        """Run i's root, searched inside the bracket its simulated costs already give."""
+        xs, ys = self.curve(i)
+        m = self.measured[i]
+        below, above = xs[ys < m], xs[ys >= m]
+        if not len(below):
+            return 0.0
+        if not len(above):
+            return float(xs[-1])
+        return solve(lambda x: self.at(i, x), m, float(above[0]), float(below[-1]))
+
+    def bound(self, xs: np.ndarray, idx: Sequence[int]) -> np.ndarray:
+        """A lower bound of the true MAPE over runs `idx` at each cost of `xs`, if every step is convex
+        in the cost as well (the step is the longest path, a maximum of path lengths each linear in
+        the cost): between two simulated costs the step lies under their chord and above the secants of
+        the neighbouring intervals extended, and above the left end's value (it never decreases)."""
+        total = np.zeros(len(xs))
+        for i in idx:
+            px, py = self.curve(i)
+            upper = np.interp(xs, px, py)
+            k = np.clip(np.searchsorted(px, xs, side="right") - 1, 0, len(px) - 1)
+            lower = py[k].copy()
+            slope = np.diff(py) / np.diff(px) if len(px) > 1 else np.zeros(0)
+            left = k >= 1  # secant of the interval before, extended to the right
+            kl = k[left]
+            lower[left] = np.maximum(lower[left], py[kl] + slope[kl - 1] * (xs[left] - px[kl]))
+            right = k + 2 < len(px)  # secant of the interval after, extended to the left
+            kr = k[right]
+            lower[right] = np.maximum(lower[right], py[kr + 1] - slope[kr + 1] * (px[kr + 1] - xs[right]))
+            lower = np.minimum(lower, upper)
+            m = self.measured[i]
+            total += np.maximum(np.maximum(lower - m, m - upper), 0.0) / m
+        return 100.0 * total / len(idx)
+
+    def fit(self) -> float:
+        """Coarse grid, per-run roots (informative, and points near every run's crossing), then
+        refinement, each step simulating every run at one more cost: at the estimate's best cost if
+        not simulated yet, else where the lower bound (`bound`) says the MAPE could be lowest, until
+        nowhere could it be lower than the best simulated cost's by more than F_TOL. Returns that cost (every run simulated there: its MAPE is exact, not estimated)."""
+        everyone = list(range(len(self.steps)))
+        self.coarse()
+        self.roots = [self.root(i) for i in everyone]
+        for _ in range(REFINE):
+            c = self.best(everyone)
+            if min(abs(c - x) for x in self.shared) > SAME * self.hi:
+                self.simulate(c)
+                continue
+            shared = np.array(sorted(self.shared))
+            least = float(np.min(self.mape(shared, everyone)))
+            xs = np.union1d(np.linspace(0.0, self.top, DENSE), shared)
+            lb = self.bound(xs, everyone)
+            c = float(xs[int(np.argmin(lb))])
+            if lb.min() >= least - F_TOL or min(abs(c - x) for x in self.shared) <= SAME * self.hi:
+                break
+            self.simulate(c)
+        return self.best(everyone, only_shared=True)
+
+    def heldout(self, keys: Sequence[str]) -> dict[int, float]:
+        """Leave-one-configuration-out: for each run, the best cost over the runs of other
+        configurations, from what is simulated already (no simulation)."""
+        out: dict[int, float] = {}
+        for key in sorted(set(keys)):
+            others = [i for i, k in enumerate(keys) if k != key]
+            if others:
+                c = self.best(others)
+                out.update({i: c for i, k in enumerate(keys) if k == key})
+        return out
+
+
+def _pct(pred: float, measured: float) -> float:
+    return 100.0 * (pred - measured) / measured
+
+
+def _stats(errors: Sequence[float], method: str) -> dict:
+    abs_err = np.abs(errors) if len(errors) else np.array([np.nan])
+    return {"mape": float(np.mean(abs_err)), "max": float(np.max(abs_err)), "count": len(errors), "method": method}
 
 
 def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
     """Fit and cross-validate on prepared runs (see the module docstring)."""
     if not runs:
         raise CalibError("host model: no training bundles to fit on")
+    measured = [r.measured_s for r in runs]
+    synced = [r for r in runs if r.syncs]
     sync_s = 0.0
-    for _ in range(ROUNDS):  # launch cost at the current sync cost, then the sync cost at that launch cost
-        launch = {r.id: solve(lambda x, r=r, s=sync_s: r.step(x, s), r.measured_s, LAUNCH_MAX_S) for r in runs}
-        launch_s = float(np.median(list(launch.values())))
-        sync = {r.id: solve(lambda x, r=r, c=launch_s: r.step(c, x), r.measured_s, SYNC_MAX_S) for r in runs if r.syncs}
-        sync_s = float(np.median(list(sync.values()))) if sync else 0.0
-    ids = [r.id for r in runs]
+    sc: Curves | None = None
+    for _ in range(ROUNDS):  # the launch cost at the current sync cost, then the sync cost at that launch cost
+        lc = Curves([lambda x, r=r, s=sync_s: r.step(x, s) for r in runs], measured, LAUNCH_MAX_S)
+        launch_s = lc.fit()
+        if synced:
+            sc = Curves([lambda x, r=r, c=launch_s: r.step(c, x) for r in synced],
+                        [r.measured_s for r in synced], SYNC_MAX_S)
+            sync_s = sc.fit()
+    keys = [r.key for r in runs]
+    held_launch = lc.heldout(keys)
+    held_sync = sc.heldout([r.key for r in synced]) if sc else {}
+    sync_of = {r.id: j for j, r in enumerate(synced)}
     errors: list[float] = []
     per_run: list[dict] = []
-    keys = sorted({r.key for r in runs})
-    heldout: dict[str, float] = {}
-    for key in keys:
-        others = {r.id for r in runs if r.key != key}
-        if not others:
-            continue
-        lo, so = _combine(launch, sync, others)
-        for r in runs:
-            if r.key == key:
-                pred = r.step(lo, so)
-                heldout[r.id] = pred
-                errors.append(100.0 * (pred - r.measured_s) / r.measured_s)
-    for r in runs:
+    for i, r in enumerate(runs):
+        j = sync_of.get(r.id)
+        heldout = None
+        if i in held_launch:
+            # A configuration whose runs all have sync points, but no other configuration has any: no sync cost.
+            so = held_sync.get(j, 0.0) if j is not None else 0.0
+            heldout = r.step(held_launch[i], so)
+            errors.append(_pct(heldout, r.measured_s))
         per_run.append({
-            "id": r.id, "config": r.key, "measured_s": r.measured_s, "launch_s": launch[r.id],
-            "sync_s": sync.get(r.id), "syncs": r.syncs, "heldout_step_s": heldout.get(r.id),
+            "id": r.id, "config": r.key, "measured_s": r.measured_s, "launch_s": lc.roots[i],
+            "sync_s": sc.roots[j] if sc is not None and j is not None else None, "syncs": r.syncs,
+            "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s, sync_s),
         })
-    abs_err = np.abs(errors) if errors else np.array([np.nan])
-    err = {"mape": float(np.mean(abs_err)), "max": float(np.max(abs_err)), "count": len(errors),
-           "method": "leave-one-configuration-out: each configuration's simulated step with the medians of the "
-                     "other configurations' per-run fits (kernel and network models as given; the per-run fits of "
-                     "the last round, made at the all-run medians)"}
-    src = _short(ids)
+    err = _stats(errors, "leave-one-configuration-out: each configuration's simulated step at the launch and sync "
+                         "costs that minimise the mean absolute percent error over the other configurations' runs "
+                         "(kernel and network models as given; from the last round's simulations, the launch cost "
+                         "at the previous round's sync cost, the sync cost at the fitted launch cost)")
+    src = _short([r.id for r in runs])
     model = HostModel(launch_s, sync_s, None, dict(SYNC_AFTER), per_run, {
-        "host.launch_s": f"calibrated: median per-run fit of the simulated to the measured step over {src}",
-        "host.sync_s": (f"calibrated: median per-run fit at host.launch_s over {_short(list(sync))}" if sync else
+        "host.launch_s": "calibrated: the cost per launch minimising the mean absolute percent error of the "
+                         f"simulated against the measured step over {src}",
+        "host.sync_s": ("calibrated: the cost per sync point minimising the same error at host.launch_s over "
+                        f"{_short([r.id for r in synced])}" if synced else
                         "not calibrated: no training bundle has a host sync point (0)"),
         "host.sync_points": "configured: megatron-core host synchronisations (calib.workload.host.SYNC_AFTER)",
     })
@@ -217,7 +374,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, converted_sync_points
+    from calib.workload.host import add_host_to_replay, converted_sync_points, set_host_costs
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle)
@@ -226,13 +383,19 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     base = replay_workload(run)
     syncs = max(len(converted_sync_points(c.trace)) for c in base.classes)
     cache: dict[tuple[float, float], float] = {}
+    # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
+    # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
+    hosted = add_host_to_replay(base, 0.0, sync_s)
 
     def step(launch_s: float, sync: float) -> float:
         key = (launch_s, sync)
         if key not in cache:
-            cache[key] = simulate(add_host_to_replay(base, launch_s, sync), network, system).step_time_s
+            for c in hosted.classes:
+                set_host_costs(c.trace, launch_s, sync)
+            cache[key] = simulate(hosted, network, system).step_time_s
         return cache[key]
 
+    step(0.0, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
     return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, lambda c, _s: step(c, sync_s))
 
 
@@ -255,23 +418,20 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
             skipped.append(f"{b.id}: {exc}")
     if not runs:
         raise CalibError("host model: no training bundle with replayable ETs to fit the replay launch cost on")
-    fits = {r.id: solve(lambda x, r=r: r.step(x, 0.0), r.measured_s, LAUNCH_MAX_S) for r in runs}
-    errors = []
-    for key in sorted({r.key for r in runs}):
-        others = [v for k, v in fits.items() if next(r for r in runs if r.id == k).key != key]
-        if not others:
-            continue
-        c = float(np.median(others))
-        errors += [100.0 * (r.step(c, 0.0) - r.measured_s) / r.measured_s for r in runs if r.key == key]
+    curves = Curves([lambda x, r=r: r.step(x, 0.0) for r in runs], [r.measured_s for r in runs], LAUNCH_MAX_S)
+    cost = curves.fit()
+    held = curves.heldout([r.key for r in runs])
+    errors = [_pct(runs[i].step(c, 0.0), runs[i].measured_s) for i, c in sorted(held.items())]
     out = HostModel.from_dict(host.to_dict())
-    out.replay_launch_s = float(np.median(list(fits.values())))
+    out.replay_launch_s = cost
+    fitted = {r.id: (curves.roots[i], curves.points[i][cost]) for i, r in enumerate(runs)}
     for r in out.runs:
-        if r["id"] in fits:
-            r["replay_launch_s"] = fits[r["id"]]
+        if r["id"] in fitted:
+            r["replay_launch_s"], r["replay_step_s"] = fitted[r["id"]]
     out.provenance["host.replay_launch_s"] = (
-        f"calibrated: median per-run fit of the replayed to the measured step over {_short(list(fits))}"
+        "calibrated: the cost per measured kernel minimising the mean absolute percent error of the replayed "
+        f"against the measured step over {_short([r.id for r in runs])}"
         + (f" (not replayable: {len(skipped)})" if skipped else ""))
-    abs_err = np.abs(errors) if errors else np.array([np.nan])
-    return out, {"mape": float(np.mean(abs_err)), "max": float(np.max(abs_err)), "count": len(errors),
-                 "method": "leave-one-configuration-out on replays of the converted ETs (median of the other "
-                           "configurations' per-run fits)"}
+    return out, _stats(errors, "leave-one-configuration-out on replays of the converted ETs: each configuration "
+                               "replayed at the launch cost minimising the mean absolute percent error over the "
+                               "other configurations' replays")
