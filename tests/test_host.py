@@ -312,6 +312,6 @@ def test_replay_recosting_equals_building_anew() -> None:
     run = replay_run(bundle, cal, 1e-4)
     network, system = engine.replay_network(bundle, cal)
     base = replay_workload(read_run_traces(bundle))
-    for c in (60e-6, 0.0):  # re-costed in place, down as well as up
-        built = simulate(add_host_to_replay(base, c, 1e-4), network, system).step_time_s
-        assert run.step(c, 0.0) == built
+    for c, s in ((60e-6, 1e-4), (0.0, 1e-4), (30e-6, 3e-4), (30e-6, 0.0)):  # re-costed in place, down and up
+        built = simulate(add_host_to_replay(base, c, s), network, system).step_time_s
+        assert run.step(c, s) == built

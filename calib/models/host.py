@@ -53,11 +53,18 @@ class HostModel:
     sync_points: dict[str, str] = field(default_factory=lambda: dict(SYNC_AFTER))
     runs: list[dict] = field(default_factory=list)  # per training bundle: id, config, measured_s, launch_s, sync_s
     provenance: dict[str, str] = field(default_factory=dict)
+    replay_sync_s: float | None = None  # per sync point, for replays (fit_replay_launch); None: sync_s
+
+    @property
+    def replay_sync(self) -> float:
+        """The sync cost replays use: their own fit where there is one, else the generated fit's."""
+        return self.sync_s if self.replay_sync_s is None else self.replay_sync_s
 
     def to_dict(self) -> dict:
         return {
             "launch_s": float(self.launch_s), "sync_s": float(self.sync_s),
             "replay_launch_s": None if self.replay_launch_s is None else float(self.replay_launch_s),
+            "replay_sync_s": None if self.replay_sync_s is None else float(self.replay_sync_s),
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
         }
@@ -76,8 +83,15 @@ class HostModel:
             raise CalibError(f"calibration host section: launch_s {launch} / sync_s {sync} must be finite and >= 0")
         if replay is not None and not (np.isfinite(replay) and replay >= 0):
             raise CalibError(f"calibration host section: replay_launch_s {replay} must be finite and >= 0")
+        try:
+            rsync = data.get("replay_sync_s")
+            rsync = None if rsync is None else float(rsync)
+        except (TypeError, ValueError):
+            raise CalibError("calibration host section: replay_sync_s must be a number (seconds)") from None
+        if rsync is not None and not (np.isfinite(rsync) and rsync >= 0):
+            raise CalibError(f"calibration host section: replay_sync_s {rsync} must be finite and >= 0")
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
-                   dict(data.get("provenance") or {}))
+                   dict(data.get("provenance") or {}), rsync)
 
 
 def _short(ids: Sequence[str], most: int = 4) -> str:
@@ -396,15 +410,15 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         return cache[key]
 
     step(0.0, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, lambda c, _s: step(c, sync_s))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step)
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
     """The launch cost per measured kernel for replays of converted ETs (`replay_launch_s`): the
     generator's templates leave out some of the small kernels a real step launches, so its
-    `launch_s` (per generated launch) is not the cost of one real launch. Fitted like `launch_s`
-    (per-run root search, median) at the host model's `sync_s`, with its leave-one-configuration-out
-    error. Returns a copy of `host` with it set."""
+    `launch_s` (per generated launch) is not the cost of one real launch. Fitted with its own sync
+    cost (`replay_sync_s`) exactly like `launch_s` and `sync_s` (fit_runs on the replays), with its
+    leave-one-configuration-out error. Returns a copy of `host` with both set."""
     from calib.validation.measured import is_real_gpu
 
     runs = []
@@ -418,20 +432,21 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
             skipped.append(f"{b.id}: {exc}")
     if not runs:
         raise CalibError("host model: no training bundle with replayable ETs to fit the replay launch cost on")
-    curves = Curves([lambda x, r=r: r.step(x, 0.0) for r in runs], [r.measured_s for r in runs], LAUNCH_MAX_S)
-    cost = curves.fit()
-    held = curves.heldout([r.key for r in runs])
-    errors = [_pct(runs[i].step(c, 0.0), runs[i].measured_s) for i, c in sorted(held.items())]
+    fitted, err = fit_runs(runs)  # launch and sync costs of the replays, as for generated steps
     out = HostModel.from_dict(host.to_dict())
-    out.replay_launch_s = cost
-    fitted = {r.id: (curves.roots[i], curves.points[i][cost]) for i, r in enumerate(runs)}
+    out.replay_launch_s, out.replay_sync_s = fitted.launch_s, fitted.sync_s
+    per = {r["id"]: r for r in fitted.runs}
     for r in out.runs:
-        if r["id"] in fitted:
-            r["replay_launch_s"], r["replay_step_s"] = fitted[r["id"]]
+        if r["id"] in per:
+            r["replay_launch_s"], r["replay_step_s"] = per[r["id"]]["launch_s"], per[r["id"]]["fitted_step_s"]
+    src = _short([r.id for r in runs]) + (f" (not replayable: {len(skipped)})" if skipped else "")
     out.provenance["host.replay_launch_s"] = (
         "calibrated: the cost per measured kernel minimising the mean absolute percent error of the replayed "
-        f"against the measured step over {_short([r.id for r in runs])}"
-        + (f" (not replayable: {len(skipped)})" if skipped else ""))
-    return out, _stats(errors, "leave-one-configuration-out on replays of the converted ETs: each configuration "
-                               "replayed at the launch cost minimising the mean absolute percent error over the "
-                               "other configurations' replays")
+        f"against the measured step over {src}")
+    out.provenance["host.replay_sync_s"] = (
+        "calibrated: the cost per sync point of the replays (device-to-host copies, pipeline send/recv batches) "
+        f"minimising the same error at host.replay_launch_s over {src}")
+    err["method"] = ("leave-one-configuration-out on replays of the converted ETs: each configuration replayed at the "
+                     "launch and sync costs minimising the mean absolute percent error over the other configurations' "
+                     "replays")
+    return out, err
