@@ -24,7 +24,15 @@ from calib.bundle.io import Bundle, check_bundle
 from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
-from calib.models.kernel import BYTES_NOT_TRAFFIC, OP_CLASSES, KernelModel, op_family, shape_keys, shape_table
+from calib.models.kernel import (
+    BYTES_NOT_TRAFFIC,
+    OP_CLASSES,
+    KernelModel,
+    op_family,
+    shape_folds,
+    shape_keys,
+    shape_table,
+)
 from calib.models.network import (
     ASTRA_KINDS,
     MIN_SERIES_POINTS,
@@ -34,6 +42,7 @@ from calib.models.network import (
     fit_astra,
     normalize_kind,
 )
+from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
 from calib.units import MIB
@@ -139,7 +148,7 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
     model = make().fit(shapes, t)
     errors: dict[str, ErrorStat] = {}
     n = len(shapes)
-    folds = kfold_indices(n, opts.folds)
+    folds = shape_folds(shapes, opts.folds)  # a shape's bench and trace rows are held out together
 
     def fp(train: np.ndarray, test: np.ndarray) -> np.ndarray:
         return make().fit(shapes.iloc[train], t[train]).predict(shapes.iloc[test])
@@ -257,7 +266,8 @@ def _kind_or_none(kind: object) -> str | None:
 def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(microbenchmark points, training transfer points): domain, kind, group_size, bytes, time_s, bundle.
 
-    time_s is the transfer part (transfer_s) where the bundle has it, else the whole time_s."""
+    time_s is the transfer part (transfer_s) where the bundle has it, else the whole time_s; a
+    training call's member ranks make one point (calib.models.network_points)."""
     micro, train = [], []
     for b in bundles:
         if not b.has("collectives"):
@@ -285,6 +295,11 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
             "bundle": b.id,
         })
         out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
+        if b.manifest.kind != "collectives":  # one point per NCCL call, not per member rank
+            for col in INSTANCE_KEY:
+                if col in df.columns:
+                    out[col] = df[col].to_numpy()
+            out = merge_instances(out)
         (micro if b.manifest.kind == "collectives" else train).append(out)
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return cat(micro), cat(train)

@@ -123,3 +123,116 @@ def test_foreach_kernel_time_saturates_with_list_bytes() -> None:
                            "dtype": "float32"} for b in (1e6, 1e12)])
     small, huge = model.predict(probe)
     assert small < 5e-6 and huge == pytest.approx(45e-6, rel=0.1)
+
+
+def test_kernels_of_one_op_are_summed_before_the_median() -> None:
+    """A split-K GEMM launches the GEMM and a splitKreduce kernel with the op's shape: the op's time
+    is their sum; a back-to-back repeat of the same op (its first kernel name again) is a new op."""
+    from calib.models.kernel import op_instances
+
+    shape = {"op_class": "gemm", "aten_op": "aten::mm", "m": 4096, "n": 8, "k": 4096, "batch": 1,
+             "flops": 2.0 * 4096 * 8 * 4096, "bytes": 1e6, "dtype": "bfloat16", "rank": 0, "step": 1, "stream": 7}
+    names = ["gemm_splitK", "splitKreduce", "gemm_splitK", "splitKreduce"]
+    times = [9e-6, 2e-6, 9.2e-6, 2.1e-6]
+    df = pd.DataFrame([{**shape, "name": n, "start_s": 1e-5 * i, "time_s": t, "source": "trace"}
+                       for i, (n, t) in enumerate(zip(names, times, strict=True))])
+    bench = pd.DataFrame([{**shape, "name": "mm/label", "start_s": 0.0, "time_s": 30e-6, "source": "bench"}])
+    ops = op_instances(pd.concat([df, bench], ignore_index=True))
+    assert sorted(ops["time_s"].round(9).tolist()) == [11e-6, 11.3e-6, 30e-6]
+    shapes, t, counts = shape_table(df)
+    assert len(shapes) == 1 and t[0] == pytest.approx(11.15e-6) and counts[0] == 2
+
+
+def test_shape_folds_hold_out_a_shape_from_both_sources() -> None:
+    from calib.models.kernel import shape_folds
+
+    trace = kernel_frame(seed=0).assign(source="trace")
+    both = pd.concat([trace, trace.assign(source="bench")], ignore_index=True)
+    shapes, _, _ = shape_table(both)
+    folds = shape_folds(shapes, 5)
+    assert sorted(np.concatenate(folds).tolist()) == list(range(len(shapes)))
+    key = shapes.drop(columns="source").map(str).agg("|".join, axis=1).to_numpy()
+    for fold in folds:
+        rest = np.setdiff1d(np.arange(len(shapes)), fold)
+        assert not set(key[fold]) & set(key[rest])
+
+
+def _wave_frame(seed: int, n: int = 400) -> pd.DataFrame:
+    """GEMMs from a known function with wave quantisation: 128x128 tiles over 132 SMs, the last
+    partial wave costing a full one (synthetic; checks that the residual can learn it)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        m, nn = (int(128 * rng.integers(4, 40)) for _ in range(2))
+        k = int(2 ** rng.uniform(10, 13))
+        tiles = np.ceil(m / 128) * np.ceil(nn / 128)
+        waves = np.ceil(tiles / 132)
+        t = 3e-6 + waves * 132 * (2.0 * 128 * 128 * k) / (0.75 * 989.4e12)
+        rows.append({"rank": 0, "step": 0, "stream": 7, "name": "nvjet", "op_class": "gemm", "start_s": 1e-3 * i,
+                     "time_s": t, "aten_op": "aten::mm", "m": m, "n": nn, "k": k, "batch": 1,
+                     "flops": 2.0 * m * nn * k, "bytes": 2.0 * (m * k + k * nn + m * nn), "dtype": "bfloat16"})
+    return pd.DataFrame(rows)
+
+
+def test_residual_learns_wave_quantisation_on_held_out_shapes() -> None:
+    shapes, t, _ = shape_table(_wave_frame(0))
+    test, tt, _ = shape_table(_wave_frame(1))
+    err = {}
+    for residual in (False, True):
+        model = KernelModel(peaks=PEAKS["H200"], residual=residual).fit(shapes, t)
+        err[residual] = float(np.mean(np.abs(model.predict(test) - tt) / tt))
+    assert err[True] < 0.5 * err[False], err
+    assert err[True] < 0.05, err
+
+
+def test_calibration_without_a_residual_predicts_with_the_curves() -> None:
+    """A kernel section written before the residual existed (no `residual` key) still loads."""
+    model = _fit(kernel_frame(seed=0))
+    data = model.to_dict()
+    assert "residual" in data and data["residual"]["trees"]
+    old = KernelModel.from_dict({k: v for k, v in data.items() if k != "residual"})
+    shapes, _, _ = shape_table(kernel_frame(seed=3))
+    assert np.allclose(old.predict(shapes), model._predict_curves(shapes), rtol=1e-12)
+    broken = {**data, "residual": {**data["residual"], "trees": [{"feature": [0], "value": [1.0, 2.0]}]}}
+    with pytest.raises(ValueError, match="tree 0"):
+        KernelModel.from_dict(broken)
+
+
+def test_exported_trees_predict_as_scikit_learn_does() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    from calib.models import residual as res
+
+    rng = np.random.default_rng(0)
+    F = rng.normal(size=(400, len(res.FEATURES)))
+    y = np.sin(F[:, 3]) + 0.3 * (F[:, -1] > 0.2)
+    gb = GradientBoostingRegressor(n_estimators=30, max_depth=4, learning_rate=0.1, random_state=0).fit(F, y)
+    trees = [res._preorder(e.tree_, 0.1) for e in gb.estimators_[:, 0]]
+    out = np.full(len(F), float(gb.init_.predict(F[:1]).ravel()[0]))
+    F32 = F.astype(np.float32)
+    for tr in trees:
+        left, right = res._links(tr["feature"])
+        feat, val = np.asarray(tr["feature"]), np.asarray(tr["value"])
+        for i in range(len(F)):
+            node = 0
+            while feat[node] >= 0:
+                node = left[node] if F32[i, feat[node]] <= np.float32(val[node]) else right[node]
+            out[i] += val[node]
+    assert np.abs(out - gb.predict(F)).max() < 1e-4
+
+
+def test_residual_fades_out_beyond_the_measured_work() -> None:
+    """Far above the largest measured GEMM the curves alone time a shape; inside the range the
+    residual applies (and stays within the training residuals' range)."""
+    from calib.models.residual import TAPER_DECADES
+
+    model = KernelModel(peaks=PEAKS["H200"]).fit(*shape_table(_wave_frame(0))[:2])
+    hi = model.residual_["work_range"]["gemm"][1]
+    side = int(round((10 ** (hi + TAPER_DECADES + 0.3) / 2) ** (1 / 3)))
+    far = _gemm_rows([(side, side, side)])
+    assert np.log10(far["flops"].iloc[0]) > hi + TAPER_DECADES
+    assert model.predict(far)[0] == pytest.approx(model._predict_curves(far)[0], rel=1e-12)
+    inside, _, _ = shape_table(_wave_frame(1))
+    ratio = np.log(model.predict(inside) / model._predict_curves(inside))
+    lo, top = model.residual_["clip"]
+    assert np.all((ratio >= lo - 1e-9) & (ratio <= top + 1e-9)) and np.abs(ratio).max() > 0.01

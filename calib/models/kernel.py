@@ -18,6 +18,11 @@ the largest measured work.
 Rows without any work (an "other" op whose FLOPs and bytes are unknown) are predicted by the
 median measured time of the same aten op, else of their class.
 
+On top of the curves a learned residual (calib.models.residual: gradient-boosted trees on the log
+ratio measured / curve time, from GEMM tile/wave quantisation, alignment, shape and elementwise-
+layout features) multiplies the time of every op that has a curve; it is clipped to the training
+residuals' range and fades out beyond the measured work of the op's class.
+
 Everything fitted is plain numbers (`to_dict`/`from_dict`), no pickles.
 """
 
@@ -30,13 +35,15 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calib.errors import CalibError
-from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis
+from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis, kfold_indices
 from calib.models.peaks import GpuPeaks, normalize_dtype
+from calib.models.residual import checked_residual, fit_residual, predict_residual
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
 COMPUTE_CLASSES = ("gemm", "attention")
 # A class with no measured kernels of its own is predicted with the model of a related class.
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
+MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves
 OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
 # `source` is "bench" for kernel-microbenchmark rows and "trace" (or absent) for profiled steps.
 SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source"]
@@ -62,14 +69,18 @@ RANGE_SLACK = 0.15  # decades of work a curve is trusted beyond its measured ran
 
 
 def _by_range(chain: list[dict], x: np.ndarray, rows: np.ndarray) -> list[tuple[dict, np.ndarray]]:
-    """Assign each row to the most specific curve that may predict its work: any curve inside or
-    below its measured range (RANGE_SLACK decades of slack), and above it only a curve whose largest
-    measured kernel was throughput-bound (`top_bound`), so a per-op curve fitted on launch-bound
-    kernels never extrapolates to large ones; rows no curve takes go to the one measured furthest."""
+    """Assign each row to the most specific curve that may predict its work: any curve inside its
+    measured range (RANGE_SLACK decades of slack), above it only a curve whose largest measured
+    kernel was throughput-bound (`top_bound`), so a per-op curve fitted on launch-bound kernels
+    never extrapolates to large ones, and never below it (a per-op curve fitted on large kernels
+    knows nothing of the launch floor: an 8-byte fill timed by a curve of GB-sized fills took
+    10^-12 s). Rows no curve takes go to the curve measured nearest to them."""
+    lo = np.array([g["knots"][0] for g in chain])
     hi = np.array([g["knots"][-1] for g in chain])
     bound = np.array([bool(g.get("top_bound", True)) for g in chain])
-    ok = (x[:, None] <= hi[None, :] + RANGE_SLACK) | bound[None, :]
-    first = np.where(ok.any(axis=1), ok.argmax(axis=1), int(hi.argmax()))
+    ok = (x[:, None] >= lo[None, :] - RANGE_SLACK) & ((x[:, None] <= hi[None, :] + RANGE_SLACK) | bound[None, :])
+    nearest = np.where(x < lo.min(), int(lo.argmin()), int(hi.argmax()))
+    first = np.where(ok.any(axis=1), ok.argmax(axis=1), nearest)
     return [(chain[i], rows[first == i]) for i in np.unique(first)]
 
 
@@ -103,6 +114,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         alpha: float = 1e-3,
         split_dtypes: bool = False,
         split_ops: bool = True,
+        residual: bool = True,
     ) -> None:
         self.peaks = peaks
         self.max_segments = max_segments
@@ -110,6 +122,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         self.alpha = alpha
         self.split_dtypes = split_dtypes
         self.split_ops = split_ops
+        self.residual = residual
 
     # ---- features ------------------------------------------------------------------------
     def _features(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -189,6 +202,15 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 f"kernel model: too few sized kernels to fit (need {self.min_points} of one op class, "
                 f"have {int(sized.sum())} in all)"
             )
+        self.residual_: dict | None = None
+        if self.residual and sized.sum() >= MIN_RESIDUAL_POINTS:
+            # The learned residual: trees on the log ratio measured / curve of the sized ops.
+            base = self._predict_curves(X)[sized]
+            ok = np.isfinite(base) & (base > 0)
+            idx = np.flatnonzero(sized)[ok]
+            r = np.log(y[idx] / base[ok])
+            sms = self.peaks.sm_count if self.peaks is not None else 132
+            self.residual_ = fit_residual(X.iloc[idx], f["aten"][idx], r, sms)
         return self
 
     def _fit_group(self, f: dict, y: np.ndarray, sel: np.ndarray, cls: str) -> dict:
@@ -257,6 +279,18 @@ class KernelModel(BaseEstimator, RegressorMixin):
         return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
+        """Seconds per op: the roofline curves, times exp(learned residual) where the op has a work
+        term (ops timed by a measured median or saturating curve get no residual)."""
+        out = self._predict_curves(X)
+        res = getattr(self, "residual_", None)
+        if res:
+            f = self._features(X)
+            sized = np.flatnonzero(np.isfinite(f["x"]) & (f["roof"] > 0))
+            if sized.size:
+                out[sized] = out[sized] * np.exp(predict_residual(res, X.iloc[sized], f["aten"][sized], FALLBACK))
+        return out
+
+    def _predict_curves(self, X: pd.DataFrame) -> np.ndarray:
         if not hasattr(self, "groups_"):
             raise CalibError("kernel model is not fitted")
         f = self._features(X)
@@ -317,11 +351,12 @@ class KernelModel(BaseEstimator, RegressorMixin):
             raise CalibError("kernel model is not fitted")
         return {
             "form": "t0 + roofline x exp(clamped piecewise-linear residual in log10 work, linear in log10 "
-                    "intensity, + per-aten-op offset)",
+                    "intensity, + per-aten-op offset); x exp(learned residual trees) where `residual` is present",
             "peaks": self.peaks.to_dict() if self.peaks else None,
             "classes": self.groups_,
             "constants_s": self.constants_,
             "saturating": self.saturating_,
+            **({"residual": self.residual_} if getattr(self, "residual_", None) else {}),
         }
 
     @classmethod
@@ -331,6 +366,10 @@ class KernelModel(BaseEstimator, RegressorMixin):
         model.groups_ = {str(k): _checked_group(str(k), dict(v)) for k, v in (data.get("classes") or {}).items()}
         model.constants_ = {str(k): float(v) for k, v in (data.get("constants_s") or {}).items()}
         model.saturating_ = {str(k): ClampedPiecewise.from_dict(v).to_dict() for k, v in (data.get("saturating") or {}).items()}
+        # Files written before the residual existed (calibration schema 1 without `kernel.residual`)
+        # predict with the curves alone.
+        model.residual_ = checked_residual(dict(data["residual"])) if data.get("residual") else None
+        model.residual = model.residual_ is not None
         return model
 
 
@@ -368,15 +407,73 @@ def shape_keys(df: pd.DataFrame) -> pd.Series:
     return keys
 
 
-def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Collapse kernel rows to one row per distinct shape: (shapes, median time_s, instance count).
+_OP_CONTEXT = ["bundle", "rank", "step", "stream"]
 
-    Held-out errors are computed over shapes, so the same GEMM seen 200 times counts once and a
-    fold never holds a shape that its training part also saw.
+
+def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Kernel rows -> one row per launching op instance, its `time_s` the sum of its kernels.
+
+    One aten op may launch several kernels (a split-K GEMM and its `splitKreduce`, a norm backward's
+    input- and weight-gradient kernels, a two-pass reduction); every one of them carries the op's
+    shape columns. The workload generator emits one kernel per op, so the model is fitted on the
+    op's total time, not on the median of unlike kernels. Kernels of one op are consecutive on their
+    stream with the same shape; a repeat of the op's first kernel name starts the next instance.
+    Rows without `start_s`/`name` (or microbenchmark rows, timed per op already) pass unchanged.
     """
+    if kernels.empty or not {"start_s", "name"} <= set(kernels.columns):
+        return kernels
     df = _with_shape_columns(kernels)
+    bench = df["source"].astype(str).to_numpy() == "bench"
+    if bench.all():
+        return df
+    ctx = [c for c in _OP_CONTEXT if c in df.columns]
+    tr = df[~bench]
+    ctx_code = tr.groupby(ctx, dropna=False, sort=False).ngroup().to_numpy() if ctx else np.zeros(len(tr), int)
+    key_code = tr.groupby(SHAPE_COLUMNS, dropna=False, sort=False).ngroup().to_numpy()
+    start = pd.to_numeric(tr["start_s"], errors="coerce").to_numpy(dtype=float)
+    order = np.lexsort((start, ctx_code))
+    tr = tr.iloc[order].reset_index(drop=True)
+    ctx_code, key_code, start = ctx_code[order], key_code[order], start[order]
+    # Kernels on one stream run one after the other: rows without distinct start times (tables
+    # not from a profiler) are never merged.
+    same = np.zeros(len(tr), dtype=bool)
+    same[1:] = (ctx_code[1:] == ctx_code[:-1]) & (key_code[1:] == key_code[:-1]) & (start[1:] > start[:-1])
+    if not same.any():
+        return df
+    names = pd.factorize(tr["name"].astype(str))[0]
+    new_op = ~same
+    first = -1
+    for i in np.flatnonzero(same | np.roll(same, -1)):  # only rows inside a run need the sequential rule
+        if not same[i]:
+            first = names[i]
+        elif names[i] == first:
+            new_op[i] = True
+    op = np.cumsum(new_op) - 1
+    tr["_op"] = op
+    agg = tr.groupby("_op", sort=True)["time_s"].sum().to_numpy()
+    ops = tr.drop_duplicates("_op").drop(columns=["_op"]).assign(time_s=agg)
+    return pd.concat([df[bench], ops], ignore_index=True)
+
+
+def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Collapse kernel rows to one row per distinct shape: (shapes, median op time_s, op count).
+
+    Kernels of one op instance are summed first (op_instances). Held-out errors are computed over
+    shapes, so the same GEMM seen 200 times counts once (see shape_folds for the folds).
+    """
+    df = _with_shape_columns(op_instances(kernels))
     codes = df.groupby(SHAPE_COLUMNS, dropna=False, sort=True).ngroup().to_numpy()
     df = df.assign(_key=codes)
     agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))
     first = df.drop_duplicates("_key").set_index("_key").loc[agg.index, SHAPE_COLUMNS]
     return first.reset_index(drop=True), agg["time_s"].to_numpy(float), agg["count"].to_numpy(int)
+
+
+def shape_folds(shapes: pd.DataFrame, k: int, seed: int = 0) -> list[np.ndarray]:
+    """k test folds over the rows of a shape table that hold out whole shapes: the rows of one
+    shape from microbenchmarks and from profiled steps (`source` differs) fall in the same fold, so
+    no fold is predicted from a measurement of one of its own shapes."""
+    df = _with_shape_columns(shapes)
+    codes = df.groupby([c for c in SHAPE_COLUMNS if c != "source"], dropna=False, sort=True).ngroup().to_numpy()
+    groups = kfold_indices(int(codes.max()) + 1 if len(codes) else 0, k, seed)
+    return [np.flatnonzero(np.isin(codes, g)) for g in groups]

@@ -4,15 +4,22 @@ Sizes follow the nccl-tests convention (the bundle's collectives.parquet): all-r
 broadcast by the buffer, all-gather by its total output (n x the per-rank input), reduce-scatter
 by its total input, all-to-all by the per-rank send buffer, send/recv by the message.
 
-Per series (domain, kind, group size) the time of one collective is
+Per series (domain, kind, group size), with x = S * bus_factor(kind, n) (the bytes each link
+carries in nccl-tests' bus-bandwidth convention), the time of one collective is
 
-    t(S) = (alpha + S * bus_factor(kind, n) / busbw) * exp(r(log10 S))
+    t(S) = alpha + c * sqrt(x) + x / busbw
 
-alpha (latency) and busbw (asymptotic bus bandwidth, nccl-tests' busbw) are fitted by weighted
-least squares on relative error; r is a piecewise-linear residual in log size, clamped to the
-measured size range (beyond the largest size the bandwidth regime holds with the efficiency of
-the largest size). A group size that was not measured borrows the nearest measured size's series
-with busbw held constant (the premise of nccl-tests' bus bandwidth).
+alpha is the latency, busbw the asymptotic bus bandwidth (nccl-tests' busbw) and c * sqrt(x) the
+pipelining cost: a message cut into chunks that flow through a pipeline of steps takes
+a + x/B + 2*sqrt(a*x/B) at the best chunk size (the classic pipelined-broadcast bound), so the
+effective bus bandwidth rises with size towards busbw, as NCCL's does across its LL / LL128 /
+Simple protocol ranges. The three coefficients are non-negative and fitted by least absolute
+relative error (iteratively reweighted non-negative least squares), the loss the headline MAPE
+scores; beyond the largest measured size the time stays affine with the fitted bandwidth.
+Calibration files written before this form (no `pipeline_s_per_sqrt_byte`) load with c = 0 and
+their stored log-size residual, so they predict exactly as before. A group size that was not
+measured borrows the nearest measured size's series with busbw held constant (the premise of
+nccl-tests' bus bandwidth).
 
 `astra_params()` gives the closest ASTRA-sim parameters per domain: one bandwidth (GB/s, 2^30) and
 latency (ns) for the dimension, the endpoint delay and the implementation per collective, fitted
@@ -39,6 +46,7 @@ ASTRA_IMPLS = ("ring", "direct")
 DEFAULT_ENDPOINT_DELAY_NS = 10.0  # ASTRA-sim's default; groups smaller than the cluster always use 10 ns
 SWITCH_HOPS = 2  # ASTRA-sim counts a Switch dimension as two hops (reference/astra-sim.md)
 MIN_SERIES_POINTS = 3
+FORM_VERSION = 2  # 1: no pipeline term (files before it lack form_version); 2: + c*sqrt(x)
 
 
 def normalize_kind(kind: str) -> str:
@@ -73,6 +81,9 @@ class Series:
     one collective on an idle GPU add a launch floor of tens of microseconds. Predictions use
     `alpha_s`; a series whose training collectives include no latency-bound size (<= 1 MiB)
     gets alpha_bench_s minus its domain's typical floor (CollectiveModel.bench_floor_s).
+    `pipeline_s_per_sqrt_byte` is c in the module's t = alpha + c*sqrt(x) + x/busbw (0 in files
+    written before that form); `residual` is a log-size correction (zero unless fitted with
+    max_segments > 0, or loaded from an older file).
     """
 
     domain: str
@@ -85,39 +96,53 @@ class Series:
     bytes_range: tuple[float, float]
     alpha_bench_s: float = float("nan")
     has_trace: bool = True
+    pipeline_s_per_sqrt_byte: float = 0.0
 
     def predict(self, nbytes: np.ndarray, group_size: int | None = None, bench: bool = False,
                 alpha_s: float | None = None) -> np.ndarray:
         n = self.group_size if group_size is None else group_size
         s = np.asarray(nbytes, dtype=float)
         alpha = self.alpha_bench_s if bench else (self.alpha_s if alpha_s is None else alpha_s)
-        base = alpha + s * bus_factor(self.kind, n) / self.busbw_bytes_per_s
+        x = s * bus_factor(self.kind, n)
+        base = alpha + self.pipeline_s_per_sqrt_byte * np.sqrt(x) + x / self.busbw_bytes_per_s
         return base * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
 
     @classmethod
-    def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 4,
+    def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 0,
             bench: np.ndarray | None = None) -> Series:
+        """Fit the module's form; `bench` marks microbenchmark points (their own latency).
+
+        max_segments > 0 adds a clamped piecewise-linear residual in log size on top (least
+        squares in log time); 5-fold cross-validation on the H200 collectives found it hurts
+        held-out sizes, so the default is none."""
         s = np.asarray(nbytes, dtype=float)
         t = np.asarray(t, dtype=float)
         b = np.zeros(len(s), dtype=bool) if bench is None else np.asarray(bench, dtype=bool)
         if len(np.unique(s)) < MIN_SERIES_POINTS:
             raise CalibError(f"collective {kind} over {n} GPUs ({domain}): {len(np.unique(s))} size(s), "
                              f"need {MIN_SERIES_POINTS}")
-        sf = s * bus_factor(kind, n)
-        alpha_t, alpha_b, beta = _fit_two_alphas(sf, t, b)
-        base = np.where(b, alpha_b, alpha_t) + beta * sf
-        segs = max(1, min(max_segments, len(np.unique(s)) // 3))
-        resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
+        if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+            raise CalibError(f"collective {kind} over {n} GPUs ({domain}): times must be positive and finite")
+        x = s * bus_factor(kind, n)
+        alpha_t, alpha_b, c, beta = _fit_pipeline(x, t, b)
+        lo, hi = float(np.log10(max(s.min(), 1.0))), float(np.log10(max(s.max(), 1.0)))
+        resid = ClampedPiecewise([lo, max(hi, lo + 1e-9)], [0.0, 0.0])
+        if max_segments > 0:
+            base = np.where(b, alpha_b, alpha_t) + c * np.sqrt(x) + beta * x
+            segs = max(1, min(max_segments, len(np.unique(s)) // 3))
+            resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
         # The in-training latency counts as measured only when training collectives include
         # latency-bound sizes (<= 1 MiB); otherwise it comes from the microbenchmark (see class doc).
         return cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
-                   alpha_b, bool((~b & (s <= MIB)).any()))
+                   alpha_b, bool((~b & (s <= MIB)).any()), c)
 
     def to_dict(self) -> dict:
         return {
             "domain": self.domain, "kind": self.kind, "group_size": self.group_size, "alpha_s": self.alpha_s,
             "alpha_bench_s": self.alpha_bench_s, "has_trace": self.has_trace,
-            "busbw_bytes_per_s": self.busbw_bytes_per_s, "residual": self.residual.to_dict(), "count": self.count,
+            "busbw_bytes_per_s": self.busbw_bytes_per_s,
+            "pipeline_s_per_sqrt_byte": self.pipeline_s_per_sqrt_byte,
+            "residual": self.residual.to_dict(), "count": self.count,
             "bytes_range": [float(self.bytes_range[0]), float(self.bytes_range[1])],
         }
 
@@ -126,32 +151,70 @@ class Series:
         return cls(str(d["domain"]), str(d["kind"]), int(d["group_size"]), float(d["alpha_s"]),
                    float(d["busbw_bytes_per_s"]), ClampedPiecewise.from_dict(d["residual"]), int(d["count"]),
                    (float(d["bytes_range"][0]), float(d["bytes_range"][1])),
-                   float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)))
+                   float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)),
+                   float(d.get("pipeline_s_per_sqrt_byte", 0.0)))
 
 
-def _fit_two_alphas(sf: np.ndarray, t: np.ndarray, bench: np.ndarray) -> tuple[float, float, float]:
-    """(alpha_trace, alpha_bench, beta) of t = alpha_source + beta*sf by relative least squares.
+L1_ITERATIONS = 40
+L1_FLOOR = 1e-3  # relative residual below which a point's L1 weight stops growing (0.1 %)
 
-    A source without points gets NaN as its alpha."""
-    cols = []
+
+def _nnls_weighted(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Non-negative x minimising sum w * (a @ x - b)^2, columns rescaled to unit norm first
+    (latency, sqrt-byte and byte columns differ by ten orders of magnitude)."""
+    from scipy.optimize import nnls
+
+    sw = np.sqrt(w)
+    aw = a * sw[:, None]
+    norm = np.linalg.norm(aw, axis=0)
+    norm[norm == 0] = 1.0
+    sol, _ = nnls(aw / norm, b * sw, maxiter=50 * a.shape[1])
+    return sol / norm
+
+
+def l1_nnls(a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative x minimising sum weights * |a @ x - b| by iteratively reweighted least squares.
+
+    Rows are relative errors in both uses here (a = columns / measured time, b = 1 less any
+    constant part), so the loss is the weighted mean absolute percentage error itself."""
+    w0 = np.ones(len(b)) if weights is None else np.asarray(weights, dtype=float)
+    try:
+        sol = _nnls_weighted(a, b, w0)
+    except RuntimeError as exc:
+        raise CalibError(f"collective fit: non-negative least squares did not converge on {len(b)} points ({exc})") from exc
+    for _ in range(L1_ITERATIONS):
+        w = w0 / np.maximum(np.abs(a @ sol - b), L1_FLOOR)
+        try:
+            nxt = _nnls_weighted(a, b, w)
+        except RuntimeError:  # nnls out of iterations: keep the last good solution
+            break
+        done = np.allclose(nxt, sol, rtol=1e-6, atol=0.0)
+        sol = nxt
+        if done:
+            break
+    return sol
+
+
+def _fit_pipeline(x: np.ndarray, t: np.ndarray, bench: np.ndarray) -> tuple[float, float, float, float]:
+    """(alpha_trace, alpha_bench, c, beta) of t = alpha_source + c*sqrt(x) + beta*x, all >= 0, by
+    least absolute relative error. A source without points gets NaN as its alpha; a fit whose
+    bandwidth term vanishes (too few large sizes) is redone without the sqrt term."""
     has_t, has_b = bool((~bench).any()), bool(bench.any())
-    if has_t:
-        cols.append((~bench).astype(float))
-    if has_b:
-        cols.append(bench.astype(float))
-    a = np.column_stack([*cols, sf]) / t[:, None]
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    beta = float(coef[-1])
-    alphas = [float(c) for c in coef[:-1]]
-    if beta <= 0 or any(x < 0 for x in alphas):
-        # Read the two regimes off directly: the largest sizes' slope, each source's fastest time.
-        big = sf >= np.quantile(sf, 0.75)
-        beta = float(np.median(t[big] / sf[big])) if beta <= 0 else beta
-        alphas = [max(0.0, x) for x in alphas]
-    it = iter(alphas)
+    src = [c for c, has in (((~bench).astype(float), has_t), (bench.astype(float), has_b)) if has]
+    for with_sqrt in (True, False):
+        cols = np.column_stack([*src, *([np.sqrt(x)] if with_sqrt else []), x])
+        sol = l1_nnls(cols / t[:, None], np.ones_like(t))
+        if sol[-1] > 0:
+            break
+    if not sol[-1] > 0:
+        # Read the bandwidth off directly: the largest sizes' time per byte.
+        big = x >= np.quantile(x, 0.75)
+        sol[-1] = float(np.median(t[big] / x[big]))
+    c = float(sol[len(src)]) if len(sol) == len(src) + 2 else 0.0
+    it = iter(float(v) for v in sol[:len(src)])
     alpha_t = next(it) if has_t else float("nan")
     alpha_b = next(it) if has_b else float("nan")
-    return alpha_t, alpha_b, beta
+    return alpha_t, alpha_b, c, float(sol[-1])
 
 
 # ---- ASTRA-sim's analytical formulas (one dimension, one chunk, free reduction) ------------
@@ -226,13 +289,11 @@ def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]]
     """Closest (bandwidth, latency, implementation per kind) for one Switch dimension.
 
     Points are (kind, n, bytes, measured seconds) series. For each combination of implementations,
-    (latency, 1/bandwidth) come from non-negative least squares on relative error (sizes below
+    (latency, 1/bandwidth) come from non-negative least absolute relative error (sizes below
     1 MiB weighted 0.1); the combination
     with the lowest mean relative error over sizes >= 1 MiB wins (large messages dominate step time),
     ties broken on all sizes.
     """
-    from scipy.optimize import nnls
-
     pts = [(normalize_kind(k), n, np.asarray(s, float), np.asarray(t, float)) for k, n, s, t in points]
     pts = [p for p in pts if p[0] in (*ASTRA_KINDS, "sendrecv")]
     if not pts:
@@ -250,11 +311,10 @@ def fit_astra(domain: str, points: list[tuple[str, int, np.ndarray, np.ndarray]]
         c = np.vstack(rows)
         tm = np.concatenate(ts)
         sizes = np.concatenate([s for _, _, s, _ in pts])
-        # Relative least squares; sizes below 1 MiB count a tenth (they are a small part of a step).
-        w = np.where(sizes >= MIB, 1.0, 0.1)[:, None] ** 0.5
-        a = c[:, :2] / tm[:, None] * w
-        b = (1.0 - c[:, 2] / tm) * w[:, 0]
-        sol, _ = nnls(a, b)
+        # Least absolute relative error (the MAPE reported; on the H200 data it beats relative
+        # least squares at all sizes and >= 1 MiB); sizes below 1 MiB count a tenth (they are a
+        # small part of a step).
+        sol = l1_nnls(c[:, :2] / tm[:, None], 1.0 - c[:, 2] / tm, np.where(sizes >= MIB, 1.0, 0.1))
         lat, inv_bp = float(sol[0]), float(max(sol[1], 1e-12))
         pred = c[:, 0] * lat + c[:, 1] * inv_bp + c[:, 2]
         rel = np.abs(pred - tm) / tm
@@ -336,8 +396,10 @@ class CollectiveModel:
 
     def to_dict(self) -> dict:
         return {
-            "form": "(alpha + bytes * bus_factor / busbw) * exp(clamped piecewise residual in log10 bytes); alpha "
-                    "from profiled training collectives, alpha_bench from microbenchmarks (launch floor included)",
+            "form": "(alpha + pipeline_s_per_sqrt_byte * sqrt(x) + x / busbw) * exp(clamped piecewise residual in log10 "
+                    "bytes), x = bytes * bus_factor; alpha from profiled training collectives, alpha_bench from "
+                    "microbenchmarks (launch floor included)",
+            "form_version": FORM_VERSION,
             "size_convention": "nccl-tests (all-gather: total output; reduce-scatter: total input)",
             "gpus_per_node": self.gpus_per_node,
             "bench_floor_s": dict(self.bench_floor_s),

@@ -27,6 +27,7 @@ class GpuPeaks:
     tdp_w: float = 0.0
     source: str = ""
     gpus_per_node: int = 8  # GPUs behind one NVSwitch fabric on the HGX/DGX board
+    sm_count: int = 132  # streaming multiprocessors (H100/H200 SXM: 132): GEMM tiles run in waves of them
 
     def flops_for(self, dtype: str) -> float:
         d = normalize_dtype(dtype)
@@ -47,6 +48,7 @@ class GpuPeaks:
             tdp_w=float(data.get("tdp_w", 0.0)),
             source=str(data.get("source", "")),
             gpus_per_node=int(data.get("gpus_per_node", 8)),
+            sm_count=int(data.get("sm_count", 132)),
         )
 
 
@@ -54,12 +56,12 @@ PEAKS: dict[str, GpuPeaks] = {
     "H200": GpuPeaks(
         "H200", dict(_HOPPER_FLOPS), 4.8e12, 1.98e9, 700.0,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM: 989 TFLOPS dense BF16, 4.8 TB/s HBM3e, 700 W); "
-        "max SM clock 1980 MHz as NVML reports it on the test hosts (reference/gpu-machines.md)",
+        "max SM clock 1980 MHz as NVML reports it on the test hosts (reference/gpu-machines.md); 132 SMs (SXM, as H100 SXM5)",
     ),
     "H100": GpuPeaks(
         "H100", dict(_HOPPER_FLOPS), 3.35e12, 1.98e9, 700.0,
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 989 TFLOPS dense BF16, 3.35 TB/s HBM3, 700 W, "
-        "1980 MHz max boost)",
+        "1980 MHz max boost, 132 SMs)",
     ),
 }
 

@@ -1,0 +1,143 @@
+"""Collective-model accuracy: where the held-out error of `calib fit`'s network model comes from.
+
+    python benchmarks/network_accuracy.py [BUNDLE_DIRS...]      # default: traces/h200
+
+Runs the cross-validation that `calib fit` reports as `network` (5-fold over message sizes within
+each domain/kind/group-size series, a held-out size left out of both sources) and prints its
+error at sizes >= 1 MiB per series and source (microbenchmark / profiled training step) and per
+size band, checked against the figure fit_network reports. Then the spread that no function of
+(kind, group size, bytes) can remove: how far the member ranks of one training call disagree,
+and per tight cluster of training sizes (within a factor 2) the error of the best single bus
+bandwidth. Last, the ASTRA-sim export's in-sample error per series.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cross_validated(micro: pd.DataFrame, train: pd.DataFrame, folds: int) -> pd.DataFrame:
+    """Out-of-fold predictions, the same folds and latencies as calib.fit.fit_network."""
+    from calib.fit import _series_points
+    from calib.models.common import kfold_indices
+    from calib.models.network import MIN_SERIES_POINTS, CollectiveModel, Series
+
+    pts = _series_points(micro, train)
+    model = CollectiveModel()
+    for (d, k, n), g in pts.items():
+        model.series[model.key(d, k, n)] = Series.fit(d, k, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float),
+                                                      bench=g["bench"].to_numpy(bool))
+    model.set_bench_floor()
+    rows = []
+    for (d, k, n), g in pts.items():
+        sizes = np.unique(g["bytes"].to_numpy(float))
+        if len(sizes) < MIN_SERIES_POINTS + 1:
+            continue
+        for fold in kfold_indices(len(sizes), folds):
+            test = g["bytes"].isin(sizes[fold]).to_numpy()
+            tr, te = g[~test], g[test]
+            ser = Series.fit(d, k, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
+                             bench=tr["bench"].to_numpy(bool))
+            for bench in (True, False):
+                part = te[te["bench"] == bench]
+                if part.empty:
+                    continue
+                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=None if bench else model.alpha_for(ser))
+                rows.append(pd.DataFrame({"series": f"{d}/{k}/{n}", "source": "bench" if bench else "trace",
+                                          "bytes": part["bytes"].to_numpy(float), "pred": p,
+                                          "meas": part["time_s"].to_numpy(float)}))
+    cv = pd.concat(rows, ignore_index=True)
+    cv["err_pct"] = 100 * (cv["pred"] - cv["meas"]).abs() / cv["meas"]
+    return cv
+
+
+def member_spread(bundles: list) -> pd.DataFrame:
+    """Per training call with all members: (max - min) / min of the members' transfer times, %."""
+    out = []
+    for b in bundles:
+        if b.manifest.kind == "collectives" or not b.has("collectives"):
+            continue
+        df = b.table("collectives")
+        if df.empty or not {"pg_name", "seq", "transfer_s"} <= set(df.columns):
+            continue
+        df = df[(df["group_size"] > 1) & (df["transfer_s"] > 0) & (df["bytes"] >= 2**20)]
+        g = df.groupby(["pg_name", "seq", "kind", "group_size"])
+        st = g.agg(members=("rank", "size"), lo=("transfer_s", "min"), hi=("transfer_s", "max")).reset_index()
+        st = st[st["members"] == st["group_size"]]
+        out.append(pd.DataFrame({"kind": st["kind"], "group_size": st["group_size"],
+                                 "spread_pct": 100 * (st["hi"] - st["lo"]) / st["lo"]}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def cluster_floor(train: pd.DataFrame) -> pd.DataFrame:
+    """Training points >= 1 MiB grouped by series and factor-2 size band (3+ distinct sizes): the
+    mean error of the best single bus bandwidth for the band, i.e. a floor for any model of size."""
+    from calib.fit import _series_points
+
+    out = []
+    for (d, k, n), g in _series_points(pd.DataFrame(), train).items():
+        g = g[g["bytes"] >= 2**20]
+        for band, c in g.groupby(np.floor(np.log2(g["bytes"]))):
+            if len(c) < 3:
+                continue
+            s, t = c["bytes"].to_numpy(float), c["time_s"].to_numpy(float)
+            best = min(float(np.mean(np.abs(s / bw - t) / t)) for bw in s / t)
+            out.append({"series": f"{d}/{k}/{n}", "band_mib": f"{2**band / 2**20:g}-{2**(band + 1) / 2**20:g}",
+                        "points": len(c), "floor_pct": round(100 * best, 2)})
+    return pd.DataFrame(out)
+
+
+def main(argv: list[str]) -> int:
+    from calib.bundle.io import load_bundles
+    from calib.fit import FitOptions, collective_points, fit_network, select_bundles
+    from calib.models.network import astra_collective_time_s
+
+    paths = argv or [str(ROOT / "traces" / "h200")]
+    bundles = select_bundles(load_bundles(paths), FitOptions())
+    micro, train = collective_points(bundles)
+    model, errors, _ = fit_network(micro, train, 8, FitOptions())
+    cv = cross_validated(micro, train, FitOptions().folds)
+    big = cv[cv["bytes"] >= 2**20]
+    pd.set_option("display.width", 200)
+    print(f"held-out MAPE >= 1 MiB: {big['err_pct'].mean():.2f} % (max {big['err_pct'].max():.1f} %, {len(big)} points); "
+          f"fit_network reports {errors['network'].mape:.2f} %")
+    print(big.groupby(["series", "source"])["err_pct"].agg(["mean", "max", "count"]).round(2).unstack("source").to_string())
+    print(big.groupby("source")["err_pct"].agg(["mean", "count"]).round(2).to_string())
+    band = pd.cut(np.log2(big["bytes"]), [20, 22, 24, 26, 28, 30, 40], right=False,
+                  labels=["1-4 MiB", "4-16 MiB", "16-64 MiB", "64-256 MiB", "256 MiB-1 GiB", ">= 1 GiB"])
+    print(big.groupby([band, "source"], observed=True)["err_pct"].mean().round(2).unstack("source").to_string())
+
+    spread = member_spread(bundles)
+    if not spread.empty:
+        print("\nmember ranks of one training call, transfer spread (max-min)/min, sizes >= 1 MiB:")
+        print(spread.groupby(["kind", "group_size"])["spread_pct"].describe()[["count", "50%", "max"]].round(1).to_string())
+    floor = cluster_floor(train)
+    if not floor.empty:
+        print("\ntraining-size clusters: best single bus bandwidth's error (a floor for any model of size):")
+        print(floor.to_string(index=False))
+
+    for dom, fit in model.astra_params().items():
+        print(f"\nASTRA-sim export {dom}: {fit['bandwidth_gbps']:.1f} GB/s (2^30), {fit['latency_ns']:.0f} ns, "
+              f"{fit['implementation']}; in-sample vs the collective model >= 1 MiB: {fit['error_ge_1mib']['mape']:.1f} %")
+        for key, ser in sorted(model.series.items()):
+            if ser.domain != dom or ser.kind not in (*fit["implementation"], "sendrecv"):
+                continue
+            s = np.unique(cv.loc[(cv["series"] == key) & (cv["bytes"] >= 2**20), "bytes"].to_numpy(float))
+            if not len(s):
+                continue
+            want = np.asarray(model.predict(ser.kind, ser.group_size, s, domain=dom), float)
+            got = astra_collective_time_s(ser.kind, ser.group_size, s, fit["bandwidth_gbps"], fit["latency_ns"],
+                                          fit["implementation"].get(ser.kind, "ring"), fit["endpoint_delay_ns"])
+            print(f"  {key:24s} {100 * np.mean(np.abs(got - want) / want):6.1f} %  (signed at the largest size "
+                  f"{100 * (got[-1] - want[-1]) / want[-1]:+.0f} %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

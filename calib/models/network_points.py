@@ -1,0 +1,48 @@
+"""Training collectives -> one network-model point per collective instance.
+
+A converted training bundle's collectives.parquet holds one row per member rank of each NCCL
+call, keyed by (pg_name, seq) as PyTorch numbers them. The rows of one call are merged into one
+point before fitting:
+
+- time: the mean of the members' transfer times. Each member's transfer runs from the last
+  member's arrival to its own end (calib.convert.run), so members differ by their end times and
+  by how far the ranks' clocks disagree; the mean cancels an offset between two ranks' clocks.
+- bytes: the mean of the members' nccl-tests sizes. PyTorch records an all-gather's output as
+  its own input times the group size (reduce-scatter likewise from its own output), so the
+  members of an uneven all-gather-v / reduce-scatter-v (Megatron's MoE token dispatch) carry
+  different sizes; their mean is the collective's total, the nccl-tests size. For an even call
+  every member carries the same size and the mean changes nothing.
+
+Rows without a (pg_name, seq) key, P2P send/recv (which PyTorch numbers apart from collectives)
+and calls whose member count is not the group size keep one point per row.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+INSTANCE_KEY = ("pg_name", "seq")
+
+
+def merge_instances(points: pd.DataFrame) -> pd.DataFrame:
+    """Points (kind, group_size, bytes, time_s, plus any other columns constant within a call,
+    e.g. bundle and domain) with optional pg_name and seq -> one row per collective instance,
+    without the key columns."""
+    if points.empty or not set(INSTANCE_KEY) <= set(points.columns):
+        return points.drop(columns=[c for c in INSTANCE_KEY if c in points.columns])
+    pts = points.reset_index(drop=True)
+    keyed = pts["pg_name"].notna() & pts["seq"].notna() & (pts["kind"] != "sendrecv")
+    other = [c for c in pts.columns if c not in (*INSTANCE_KEY, "bytes", "time_s")]
+    by = [*INSTANCE_KEY, *other]
+    grouped = pts[keyed].groupby(by, dropna=False, sort=False)
+    merged = grouped.agg(bytes=("bytes", "mean"), time_s=("time_s", "mean"), members=("time_s", "size")).reset_index()
+    complete = merged["members"] == merged["group_size"]
+    # A call with a member missing (or extra) is not one instance as seen by all its ranks:
+    # keep its rows as they are.
+    incomplete_keys = merged.loc[~complete, list(by)]
+    loose = pts[~keyed]
+    if not incomplete_keys.empty:
+        rows = pts[keyed].merge(incomplete_keys, on=list(by), how="inner")
+        loose = pd.concat([loose, rows], ignore_index=True)
+    out = pd.concat([merged.loc[complete].drop(columns="members"), loose], ignore_index=True)
+    return out.drop(columns=list(INSTANCE_KEY))[list(c for c in points.columns if c not in INSTANCE_KEY)]
