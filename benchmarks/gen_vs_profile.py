@@ -11,7 +11,9 @@ calibration's kernel model, as calib.models.host.prepare_run builds it):
 - GPU time of the compute kernels: measured (profiled), generated (kernel model on the generated ops),
   and the kernel model on the profiled kernels' own records (kernels.parquet), which separates the
   templates' share of the difference from the kernel model's;
-- the same per op_class and per aten_op, sorted by the largest deviation.
+- the same per op_class and per aten_op, sorted by the largest deviation;
+- host sync points: the profiled step's device-to-host copies (what a replay syncs on, besides
+  sends/receives) against the generated step's sync points at ops (GeneratedStep.sync_points).
 
     python benchmarks/gen_vs_profile.py [BUNDLE_DIRS...] [--calibration FILE] [--out DIR] [--top N]
 
@@ -50,12 +52,15 @@ class StageCompare:
     ops: pd.DataFrame  # op_class, aten_op, prof_n, prof_s, gen_n, gen_s, model_prof_s
     prof_comm: int  # collectives, sends and receives in the profiled ET
     gen_comm: int
+    prof_dtoh: int = 0  # device-to-host copies in the profiled ET (host sync points of a replay)
+    gen_syncs: int = 0  # the generated step's host sync points at ops (calib.workload.host.SYNC_AFTER)
 
     def summary(self) -> dict:
         o = self.ops
         row = {"run": self.run, "stage": self.stage, "rank": self.rank,
                "prof_kernels": int(o.prof_n.sum()), "gen_kernels": int(o.gen_n.sum()),
-               "prof_comm": self.prof_comm, "gen_comm": self.gen_comm}
+               "prof_comm": self.prof_comm, "gen_comm": self.gen_comm,
+               "prof_dtoh": self.prof_dtoh, "gen_syncs": self.gen_syncs}
         row["prof_launches"] = row["prof_kernels"] + self.prof_comm
         row["gen_launches"] = row["gen_kernels"] + self.gen_comm
         row["launch_dev_pct"] = 100.0 * (row["gen_launches"] - row["prof_launches"]) / max(row["prof_launches"], 1)
@@ -75,9 +80,9 @@ class StageCompare:
         return row
 
 
-def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int]:
-    """(per aten_op: prof_n, prof_s, model-ready records of every kernel, communication node count)
-    of `rank`'s converted ET."""
+def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
+    """(per aten_op: prof_n, prof_s, model-ready records of every kernel; communication node count;
+    device-to-host copies) of `rank`'s converted ET."""
     from calib.chakra.codec import read_et
     from calib.chakra.model import NodeType
     from calib.errors import CalibError
@@ -85,10 +90,11 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int]:
     path = Path(bundle.path) / "et" / f"rank.{rank}.et.gz"
     if not path.exists():
         raise CalibError(f"{path}: missing (the profiled step of rank {rank})")
-    rows, comm = [], 0
+    rows, comm, dtoh = [], 0, 0
     for n in read_et(path).nodes:
         if n.is_cpu_op:
             continue
+        dtoh += n.type == NodeType.COMP_NODE and "DtoH" in n.name  # as calib.workload.host.converted_sync_points
         if n.type == NodeType.COMP_NODE and n.name.startswith("nccl"):
             comm += 1  # a pipeline send/recv kernel the converter left as a compute node (PP bundles' missing P2P)
         elif n.type == NodeType.COMP_NODE:
@@ -98,7 +104,7 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int]:
     df = pd.DataFrame(rows, columns=["op_class", "aten_op", "ns"])
     out = df.groupby(["op_class", "aten_op"]).agg(prof_n=("ns", "size"), prof_s=("ns", "sum")).reset_index()
     out["prof_s"] = out["prof_s"] * 1e-9
-    return out, comm
+    return out, comm, dtoh
 
 
 def model_on_profiled(bundle, rank: int, kernel_model) -> pd.DataFrame:
@@ -143,14 +149,14 @@ def compare_bundle(bundle, calibration) -> list[StageCompare]:
     out = []
     for stage in range(par.pp):
         rank = rank_of(0, 0, stage, par)
-        prof, pcomm = profiled_ops(bundle, rank)
+        prof, pcomm, dtoh = profiled_ops(bundle, rank)
         mp = model_on_profiled(bundle, rank, km)
         g, gcomm = generated_ops(gen, stage, km)
         ops = prof.merge(mp, on=["op_class", "aten_op"], how="outer").merge(g, on=["op_class", "aten_op"], how="outer")
         ops = ops.fillna(0.0)
         ops["dev_n"] = ops.gen_n - ops.prof_n
         ops["dev_s"] = ops.gen_s - ops.prof_s
-        out.append(StageCompare(bundle.id, stage, rank, ops, pcomm, gcomm))
+        out.append(StageCompare(bundle.id, stage, rank, ops, pcomm, gcomm, dtoh, gen.sync_points(stage)))
     return out
 
 
@@ -190,18 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     ops = pd.concat([s.ops.assign(run=s.run, stage=s.stage) for s in stages], ignore_index=True)
     t = Table(title="generated vs profiled step (per stage's rank; GPU ms of compute kernels)")
     for c in ("run", "stage", "launches prof", "gen", "dev %", "w/o memsets", "GPU ms prof", "gen", "model(prof)", "dev %",
-              "gemm prof/gen", "memory prof/gen"):
+              "gemm prof/gen", "memory prof/gen", "DtoH prof/syncs gen"):
         t.add_column(c, justify="left" if c == "run" else "right")
     for r in runs.itertuples():
         t.add_row(r.run, str(r.stage), str(r.prof_launches), str(r.gen_launches), f"{r.launch_dev_pct:+.1f}", f"{r.launch_dev_no_memset_pct:+.1f}",
                   f"{1e3 * r.prof_s:.1f}", f"{1e3 * r.gen_s:.1f}", f"{1e3 * r.model_prof_s:.1f}", f"{r.gpu_dev_pct:+.1f}",
                   f"{1e3 * r.gemm_prof_s:.1f}/{1e3 * r.gemm_gen_s:.1f}",
-                  f"{1e3 * r.memory_prof_s:.1f}/{1e3 * r.memory_gen_s:.1f}")
+                  f"{1e3 * r.memory_prof_s:.1f}/{1e3 * r.memory_gen_s:.1f}", f"{r.prof_dtoh}/{r.gen_syncs}")
     console.print(t)
     console.print(f"launches: mean |dev| {runs.launch_dev_pct.abs().mean():.1f}%, max {runs.launch_dev_pct.abs().max():.1f}% "
                   f"(without cuBLAS memsets: {runs.launch_dev_no_memset_pct.abs().mean():.1f}%, "
                   f"{runs.launch_dev_no_memset_pct.abs().max():.1f}%); "
-                  f"GPU time: mean |dev| {runs.gpu_dev_pct.abs().mean():.1f}%, max {runs.gpu_dev_pct.abs().max():.1f}%")
+                  f"GPU time: mean |dev| {runs.gpu_dev_pct.abs().mean():.1f}%, max {runs.gpu_dev_pct.abs().max():.1f}%; "
+                  f"host syncs equal to the profiled DtoH copies in {int((runs.prof_dtoh == runs.gen_syncs).sum())} of {len(runs)}")
     for s in stages:
         o = s.ops.reindex(s.ops.dev_s.abs().sort_values(ascending=False).index).head(args.top)
         parts = [f"{r.aten_op} {int(r.prof_n)}->{int(r.gen_n)} ({1e3 * r.prof_s:.2f}->{1e3 * r.gen_s:.2f} ms)"

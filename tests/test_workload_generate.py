@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -14,6 +15,7 @@ from calib.errors import CalibError
 from calib.workload import memory
 from calib.workload.flops import model_flops_per_step, narayanan_flops_per_step
 from calib.workload.generate import generate
+from calib.workload.host import SYNC_AFTER
 from calib.workload.models import resolve_model
 from calib.workload.parallel import ParallelConfig, coords, dp_group, pp_group, tp_group
 from calib.workload.schedule import max_in_flight, stage_schedule
@@ -348,3 +350,51 @@ def test_generated_step_matches_a_profiled_one_kernel_by_kernel() -> None:
         row = stage.summary()
         assert abs(row["launch_dev_no_memset_pct"]) < 2.0, (run, row)
         assert abs(row["gpu_dev_pct"]) < 4.0, (run, row)
+        assert row["gen_syncs"] == row["prof_dtoh"] == 28 + (run == "gpt1.3b-dp2-mbs4") * 74, (run, row)
+
+
+def test_moe_host_syncs_equal_the_profiled_device_to_host_copies() -> None:
+    """Every device-to-host copy of the profiled Mixtral steps is a generated host sync: 5 routing-count
+    copies per MoE layer forward with EP or TP (2 on one GPU), one read per parameter tensor's gradient
+    norm and one of the total, per optimizer (with EP the experts have their own)."""
+    from calib.bundle.io import read_bundle
+    from calib.chakra.codec import read_et
+    from calib.validation import engine
+    from calib.workload.host import count_host
+    from tests.conftest import ROOT
+
+    class Host:
+        launch_s, sync_s = 10e-6, 50e-6
+
+    for run, expected in (("mixtral-tp2ep2-sp", 51), ("mixtral-1gpu", 62)):
+        bundle = read_bundle(ROOT / "traces" / "h200" / run)
+        dtoh = sum(1 for n in read_et(ROOT / "traces" / "h200" / run / "et" / "rank.0.et.gz").nodes
+                   if not n.is_cpu_op and "DtoH" in n.name)
+        spec = bundle.manifest.spec
+        gen = generate(engine.model_of(spec), engine.parallel_of(spec), roofline, Host())
+        _, syncs = count_host(gen.workload.classes[0].trace)
+        assert dtoh == expected and gen.sync_points(0) == syncs == expected, (run, dtoh, syncs)
+
+
+def test_a_sync_op_repeated_is_one_sync_per_kernel() -> None:
+    from calib.workload import ops as O
+    from calib.workload.generate import _compile
+
+    a, read, b = O.memop("a", 8, "fp32", "aten::add"), O.memop("r", 4, "fp32", "aten::copy_"), O.memop("b", 8, "fp32", "aten::mul")
+    read3 = dataclasses.replace(read, repeat=3)
+    segs = _compile([a, read3, b], {a: 1000, read3: 2000, b: 500}, frozenset({"r"}), launch_ns=10_000)
+    assert [(s.name, s.duration_ns, s.sync, s.launched.n) for s in segs] == [
+        ("a..r", 3000, True, 2), ("r", 2000, True, 1), ("r", 2000, True, 1), ("b", 500, False, 1)]
+    plain = _compile([a, read3, b], {a: 1000, read3: 2000, b: 500})
+    assert [(s.name, s.duration_ns, s.sync) for s in plain] == [("a..b", 7500, False)]
+
+
+def test_expert_parameters_have_their_own_gradient_norm() -> None:
+    from calib.workload import ops as O
+
+    tensors = [(100, True)] * 4 + [(10, False)] * 2
+    ops = O.optimizer_ops(420.0, tensors, "bf16", expert_tensors=2)
+    reads = {o.name: o.repeat for o in ops if o.aten_op == "aten::_local_scalar_dense"}
+    assert reads == {"optimizer.grad_norm.read": 4, "optimizer.grad_norm": 1,
+                     "optimizer.expert_grad_norm.read": 2, "optimizer.expert_grad_norm": 1}
+    assert all(name in SYNC_AFTER for name in reads)

@@ -106,6 +106,11 @@ class GeneratedStep:
                     out[it] = out.get(it, 0) + times * it.repeat
         return out
 
+    def sync_points(self, stage: int) -> int:
+        """Host sync points of one GPU of `stage` in the step at ops (calib.workload.host.SYNC_AFTER: one
+        per kernel of such an op); pipeline sends and receives, also syncs, are not counted."""
+        return sum(n for op, n in self.op_counts(stage).items() if op.name in SYNC_AFTER)
+
     def materialize(self, rank: int) -> ExecutionTrace:
         assert self.workload.materialize is not None
         return self.workload.materialize(rank)
@@ -288,29 +293,33 @@ class TraceBuilder:
 def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozenset[str] = frozenset(),
              launch_ns: int | None = None) -> Compiled:
     """Fuse runs of compute ops into segments; with `sync_after` a run also ends after an op the host
-    synchronises on (the segment is marked `sync`)."""
+    synchronises on (the segment is marked `sync`). A sync op with `repeat` k is k syncs (the host reads
+    k values one by one, each a device-to-host copy): k segments of one kernel each."""
     out: Compiled = []
-    run: list[O.Op] = []
+    run: list[tuple[O.Op, int]] = []  # (op, kernels of it in this run)
 
     def flush() -> None:
         if not run:
             return
-        each = [durations[o] * o.repeat for o in run]
-        main = run[max(range(len(run)), key=each.__getitem__)]
-        first, last = run[0].name, run[-1].name
+        each = [durations[o] * r for o, r in run]
+        main = run[max(range(len(run)), key=each.__getitem__)][0]
+        first, last = run[0][0].name, run[-1][0].name
         name = first if first == last else f"{first}..{last}"
-        mem = sum(d for o, d in zip(run, each, strict=True) if o.op_class not in ("gemm", "attention"))
-        out.append(Segment(name, sum(each), sum(o.flops * o.repeat for o in run), sum(o.bytes * o.repeat for o in run),
+        mem = sum(d for (o, _), d in zip(run, each, strict=True) if o.op_class not in ("gemm", "attention"))
+        out.append(Segment(name, sum(each), sum(o.flops * r for o, r in run), sum(o.bytes * r for o, r in run),
                            main.op_class, mem,
-                           None if launch_ns is None else summarize([(durations[o], o.repeat) for o in run], launch_ns),
-                           run[-1].name in sync_after))
+                           None if launch_ns is None else summarize([(durations[o], r) for o, r in run], launch_ns),
+                           run[-1][0].name in sync_after))
         run.clear()
 
     for it in items:
         if isinstance(it, O.Op):
-            run.append(it)
             if it.name in sync_after:
-                flush()
+                for _ in range(it.repeat):
+                    run.append((it, 1))
+                    flush()
+            else:
+                run.append((it, it.repeat))
         else:
             flush()
             out.append(it)
@@ -394,7 +403,12 @@ class _StepContext:
         self.act_p2p = sh.act_bytes // (par.tp if par.sequence_parallel else 1)
         for p in range(par.pp):
             local, _ = self._optimizer_params(p)
-            templates[f"optimizer{p}"] = O.optimizer_ops(local, self._optimizer_tensors(p), par.dtype)
+            tensors = self._optimizer_tensors(p, with_expert=True)
+            # With EP the experts have an optimizer (and a gradient norm) of their own.
+            experts = sum(e for _, _, e in tensors) if par.ep > 1 else 0
+            dense_first = sorted(tensors, key=lambda t: t[2]) if experts else tensors
+            templates[f"optimizer{p}"] = O.optimizer_ops(local, [(n, m) for n, m, _ in dense_first], par.dtype,
+                                                         expert_tensors=experts)
             if par.dp > 1:  # megatron DDP scales the fp32 gradient buffer by 1/DP before reducing it
                 templates[f"grad_scale{p}"] = [O.memop(f"dp.grad_scale.stage{p}", 8 * local, "fp32", "aten::mul_", local)]
 
@@ -423,35 +437,37 @@ class _StepContext:
             return dense + expert, dense / par.dp + expert / max(par.dp // par.ep, 1)
         return dense + expert, dense + expert
 
-    def _optimizer_tensors(self, stage: int) -> list[tuple[int, bool]]:
+    def _optimizer_tensors(self, stage: int, with_expert: bool = False) -> list:
         """The fp32 master tensors the optimizer of `stage`'s representative rank (dp 0) updates: every
         local parameter tensor, or with the distributed optimizer the pieces of them in dp rank 0's
         shard: megatron-core's gradient buffer holds the parameters in reverse order, cut into buckets of
         at least bucket_params, and every bucket is split evenly over the DP ranks (experts: their own
-        buffer over expert-DP)."""
+        buffer over expert-DP). (elements, is a matrix), or with `with_expert` (elements, is a matrix,
+        is an expert's)."""
         par, model = self.par, self.model
         n = self.layers_per_chunk * par.vpp
         pmodel = O.padded_vocab(model, par.tp)
         tensors = O.param_tensors(pmodel, par, n, stage == 0, stage == par.pp - 1)
+        out: list[tuple[int, bool, bool]] = []
         if not par.distributed_optimizer:
-            return [(x, m) for x, m, _ in tensors]
-        out: list[tuple[int, bool]] = []
-        for expert, ways in ((False, par.dp), (True, max(par.dp // par.ep, 1))):
-            group = [(x, m) for x, m, e in reversed(tensors) if e == expert]
-            bucket: list[tuple[int, bool]] = []
-            size = 0
-            for i, t in enumerate(group):
-                bucket.append(t)
-                size += t[0]
-                if size >= self.bucket_params or i == len(group) - 1:
-                    end, at = size / ways, 0
-                    for numel, mat in bucket:
-                        if at >= end:
-                            break
-                        out.append((int(min(numel, end - at)), mat))
-                        at += numel
-                    bucket, size = [], 0
-        return out
+            out = list(tensors)
+        else:
+            for expert, ways in ((False, par.dp), (True, max(par.dp // par.ep, 1))):
+                group = [(x, m) for x, m, e in reversed(tensors) if e == expert]
+                bucket: list[tuple[int, bool]] = []
+                size = 0
+                for i, t in enumerate(group):
+                    bucket.append(t)
+                    size += t[0]
+                    if size >= self.bucket_params or i == len(group) - 1:
+                        end, at = size / ways, 0
+                        for numel, mat in bucket:
+                            if at >= end:
+                                break
+                            out.append((int(min(numel, end - at)), mat, expert))
+                            at += numel
+                        bucket, size = [], 0
+        return out if with_expert else [(x, m) for x, m, _ in out]
 
     def rep(self, stage: int) -> int:
         return rank_of(0, 0, stage % self.par.pp, self.par)

@@ -40,11 +40,18 @@ ROLE_AFTER_SYNC = "host_after_sync"
 COALESCED_WITH = "coalesced_with"  # attr of converted nodes: a further call of that node's NCCL kernel
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
+# An op with `repeat` k is k syncs (one per kernel: each a device-to-host copy the host waits for), so
+# that a generated step has as many sync points as its profiled step has device-to-host copies
+# (benchmarks/gen_vs_profile.py compares them).
 SYNC_AFTER: dict[str, str] = {
     "moe.router.bookkeeping": "MoE routing counts copied to the host (alltoall token dispatcher, every layer's "
-                              "forward, every micro-batch)",
+                              "forward, every micro-batch: 2 copies on one GPU, 5 with EP or TP)",
+    "optimizer.grad_norm.read": "per-tensor gradient norms read by the host one by one (megatron-core without Apex "
+                                "builds a host tensor of them: one device-to-host copy per parameter tensor)",
     "optimizer.grad_norm": "gradient norm read by the host for clipping (megatron's optimizer step; the profiled "
                            "steps show device-to-host copies after the norm reductions)",
+    "optimizer.expert_grad_norm.read": "per-tensor gradient norms of the expert parameters (EP: their own optimizer)",
+    "optimizer.expert_grad_norm": "gradient norm of the expert parameters read by the host (EP)",
 }
 # Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
 # torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.

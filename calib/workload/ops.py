@@ -315,7 +315,14 @@ def moe_tokens(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> tuple[int, 
 # token indices by expert. (aten op, op class, kernels); tiny tensors over tokens x experts.
 MOE_ROUTING = (("aten::topk", "other", 4), ("aten::_softmax", "memory", 2), ("aten::fill_", "memory", 3),
                ("aten::scatter", "memory", 3), ("aten::sum", "memory", 9), ("aten::mul", "memory", 2),
-               ("aten::div", "memory", 1), ("aten::add_", "memory", 1), ("aten::copy_", "memory", 14))
+               ("aten::div", "memory", 1), ("aten::add_", "memory", 1), ("aten::copy_", "memory", 10))
+# Device-to-host copies of the routing counts per MoE layer forward (`moe.router.bookkeeping`), as every
+# micro-batch of the profiled steps shows them (Memcpy DtoH nodes between the aux-loss sums and the sorts):
+# 2 on one GPU (mixtral-1gpu: the tokens per expert and the output token count), 5 with EP or TP
+# (mixtral-ep4, -ep2-mbs2, -tp2ep2-sp, -tp2-sp-rcsel: also the input/output splits of the token exchange
+# and the tokens per local expert). Each is a host sync point in a replay (converted_sync_points).
+MOE_DTOH_SINGLE = 2
+MOE_DTOH_PARALLEL = 5
 MOE_ROUTING_AFTER_SYNC = (("aten::copy_", "memory", 6), ("aten::sort", "other", 4), ("aten::sort", "memory", 3),
                           ("aten::remainder", "memory", 1), ("aten::index", "memory", 1))
 # Its backward (the same steps): the permutation's index_add_, the aux loss and the two softmaxes
@@ -339,13 +346,19 @@ def _small(tag: str, table: tuple, n: int) -> list[Op]:
             for i, (aten, cls, k) in enumerate(table)]
 
 
-def _router(model: ModelSpec, sh: Shapes) -> list[Op]:
+def moe_dtoh_reads(par: ParallelConfig) -> int:
+    """Device-to-host copies (host syncs) of megatron's alltoall token dispatcher per MoE layer forward."""
+    return MOE_DTOH_PARALLEL if par.ep > 1 or par.tp > 1 else MOE_DTOH_SINGLE
+
+
+def _router(model: ModelSpec, sh: Shapes, reads: int = MOE_DTOH_PARALLEL) -> list[Op]:
     """Router GEMM (run twice in the profiled steps), then megatron's routing bookkeeping (MOE_ROUTING);
-    the op named `moe.router.bookkeeping` is where the host reads the token counts."""
+    the op named `moe.router.bookkeeping` is where the host reads the token counts: `reads` device-to-host
+    copies of per-expert counts (int64), each a host sync."""
     n = sh.local_tokens * model.experts
     router = dataclasses.replace(gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype), repeat=2)
     small = _small("moe.router.routing", MOE_ROUTING, n)
-    sync = dataclasses.replace(memop("moe.router.bookkeeping", 8 * n, "fp32", "aten::copy_"), repeat=1)
+    sync = dataclasses.replace(memop("moe.router.bookkeeping", 8 * model.experts, "int64", "aten::copy_"), repeat=reads)
     return [router, *small, sync, *_small("moe.router.sort", MOE_ROUTING_AFTER_SYNC, n)]
 
 
@@ -376,7 +389,7 @@ def mlp_fwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
         items += _bias("mlp.fc2.bias", sh.local_tokens, sh.h, sh)
     else:
         routed, per_expert = moe_tokens(model, par, sh)
-        items += _router(model, sh)
+        items += _router(model, sh, moe_dtoh_reads(par))
         items += _permute(sh, routed)
         if par.ep > 1:
             items.append(Coll("moe.dispatch", CommType.ALL_TO_ALL, routed * sh.h * sh.e, "ep"))
@@ -800,15 +813,21 @@ def _per_tensor(name: str, sizes: list[int], per_elem: int, extra: int, dtype: s
                                 repeat=c) for n, c in counts.items()]
 
 
-def optimizer_ops(local_params: float, tensors: list[tuple[int, bool]], dtype: str) -> list[Op]:
+def optimizer_ops(local_params: float, tensors: list[tuple[int, bool]], dtype: str,
+                  expert_tensors: int = 0) -> list[Op]:
     """One optimizer step of megatron-core's mixed-precision optimizer (no Apex, no Transformer Engine)
     on one GPU whose optimizer updates the fp32 master tensors `tensors` ((elements, is a matrix): all
     local parameters, or the pieces in this GPU's shard with the distributed optimizer), kernel by
     kernel as traces/h200/llama8b-tp2 and gpt1.3b-dp2-mbs4 show it:
     - the fp32 gradient buffer of all local parameters zeroed;
     - the gradient norm for clipping tensor by tensor: a norm reduction each (matrices: a memset of
-      its output first), each read by the host (a device-to-host copy), the total copied back,
-      squared, and read by the host (the sync point `optimizer.grad_norm`);
+      its output first), each read by the host (a device-to-host copy and a host sync each,
+      `optimizer.grad_norm.read`: megatron-core without Apex builds a host tensor of the per-tensor
+      norms), the total copied back, squared, and read by the host (the sync point `optimizer.grad_norm`).
+      With EP the expert parameters (the last `expert_tensors` of `tensors` in count) have an optimizer
+      of their own: their norms are read and totalled separately (`optimizer.expert_grad_norm.read`,
+      `optimizer.expert_grad_norm`), as traces/h200/mixtral-ep2-mbs2, -ep4 and -tp2ep2-sp show (13 + 1
+      dense and 16 + 1 or 8 + 1 expert device-to-host reads);
     - clipping tensor by tensor: the gradient times the clip factor, copied back;
     - Adam as torch's foreach ops, once per parameter group (with weight decay: the matrices; without:
       norms and biases), each op as multi_tensor_apply launches it (`foreach_launches`), every kernel
@@ -821,11 +840,15 @@ def optimizer_ops(local_params: float, tensors: list[tuple[int, bool]], dtype: s
         ops.append(dataclasses.replace(memop("optimizer.grad_norm.memset", 4, "fp32", "aten::linalg_vector_norm"),
                                        repeat=len(mats)))
     ops += _per_tensor("optimizer.grad_norm.tensor", sizes, 4, 4, "fp32", "aten::linalg_vector_norm", True)
-    ops.append(dataclasses.replace(memop("optimizer.grad_norm.read", 4, "fp32", "aten::_local_scalar_dense"),
-                                   repeat=len(sizes)))
-    ops += [memop("optimizer.grad_norm.total", 4, "fp32", "aten::copy_"),
-            memop("optimizer.grad_norm.pow", 8, "fp32", "aten::pow", 1.0),
-            memop("optimizer.grad_norm", 4, "fp32", "aten::_local_scalar_dense")]
+    expert_tensors = min(max(expert_tensors, 0), len(sizes))
+    for tag, count in (("grad_norm", len(sizes) - expert_tensors), ("expert_grad_norm", expert_tensors)):
+        if not count:
+            continue
+        ops.append(dataclasses.replace(memop(f"optimizer.{tag}.read", 4, "fp32", "aten::_local_scalar_dense"),
+                                       repeat=count))
+        ops += [memop(f"optimizer.{tag}.total", 4, "fp32", "aten::copy_"),
+                memop(f"optimizer.{tag}.pow", 8, "fp32", "aten::pow", 1.0),
+                memop(f"optimizer.{tag}", 4, "fp32", "aten::_local_scalar_dense")]
     ops += _per_tensor("optimizer.clip.mul", sizes, 8, 8, "fp32", "aten::mul", True)
     ops += _per_tensor("optimizer.clip.copy", sizes, 4, 0, "fp32", "aten::copy_")  # a DtoD memcpy: its bytes once
     for g, group in enumerate((mats, [n for n, m in tensors if not m])):
