@@ -191,6 +191,28 @@ def preflight(bundle_paths: list[str | os.PathLike] | None, out_dir: str | os.Pa
 
 
 
+def family_groups(bundle_paths: list[str | os.PathLike] | None) -> list[tuple[str, list[Path]]]:
+    """The bundles split by GPU family (each validated against its own calibration), the family with
+    the most training runs first; bundles of no known family (CPU test bundles) go with the first,
+    where the report lists them as not counted."""
+    paths = list(bundle_paths) if bundle_paths else ([DEFAULT_TRACES] if DEFAULT_TRACES.is_dir() else [])
+    by_fam: dict[str, list[Bundle]] = {}
+    loose: list[Bundle] = []
+    for b in load_bundles(paths) if paths else []:
+        fam = engine.gpu_family(b.manifest.gpu.name) if is_real_gpu(b) and b.manifest.gpu else None
+        (by_fam.setdefault(fam, []) if fam else loose).append(b)
+    if not by_fam:
+        return [("", [b.path for b in loose])]
+
+    def runs(fam: str) -> int:
+        return sum(b.manifest.kind == "training" for b in by_fam[fam])
+
+    order = sorted(by_fam, key=lambda f: (-runs(f), f))
+    groups = [(f, [b.path for b in by_fam[f]]) for f in order]
+    groups[0][1].extend(b.path for b in loose)
+    return groups
+
+
 def run_validation(
     bundle_paths: list[str | os.PathLike] | None = None,
     calibration_path: str | os.PathLike | None = None,

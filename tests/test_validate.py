@@ -290,3 +290,15 @@ def test_variable_size_collectives_are_replayed_at_the_largest_size() -> None:
     assert even_variable_collectives({0: t0, 1: t1}) == 1
     assert [n.attr("comm_size") for n in t0.nodes] == [300, 64, 10, 8]
     assert [n.attr("comm_size") for n in t1.nodes] == [300, 64, 10, 16]  # an all-reduce is never evened
+
+
+def test_committed_traces_split_by_gpu_family() -> None:
+    """Each GPU model is validated against its own calibration, the one with most training runs first."""
+    from calib.bundle.io import read_bundle
+    from calib.validate import family_groups
+    from calib.validation.engine import gpu_family
+
+    groups = family_groups(None)
+    assert [fam for fam, _ in groups] == ["h200", "h100"]
+    for fam, paths in groups:
+        assert {gpu_family(read_bundle(p).manifest.gpu.name) for p in paths} == {fam}

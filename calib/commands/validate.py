@@ -30,20 +30,29 @@ def validate(
 
     from rich.console import Console
 
-    from calib.validate import preflight, run_validation
+    from calib.validate import family_groups, preflight, run_validation
     from calib.validation.report import print_table
 
     preflight(bundles or None, out, thresholds, check)
     err = Console(stderr=True)
-    report = run_validation(
-        bundles or None, calibration, out, replay=replay, heldout=heldout, jobs=jobs,
-        write_calibration=write_calibration, thresholds_path=thresholds,
-        progress=lambda msg: err.print(f"[dim]{msg}[/dim]"),
-    )
-    print_table(report)
-    Console().print(f"reports written to {out}/validation.{{json,md,html}} ({report.wall_s:.1f} s)")
-    if check and report.violations:
-        for line in report.violations:
+    # Several GPU models and no calibration named: each family against its own bundled calibration,
+    # the largest in --out, the others in --out/<family>.
+    groups = family_groups(bundles or None) if calibration is None else [("", list(bundles or []))]
+    violations: list[str] = []
+    for i, (fam, paths) in enumerate(groups):
+        where = out if i == 0 or len(groups) == 1 else out / fam
+        if len(groups) > 1:
+            Console().print(f"[bold]{fam.upper()}[/bold]: {len(paths)} bundles -> {where}")
+        report = run_validation(
+            paths or None, calibration, where, replay=replay, heldout=heldout, jobs=jobs,
+            write_calibration=write_calibration, thresholds_path=thresholds,
+            progress=lambda msg: err.print(f"[dim]{msg}[/dim]"),
+        )
+        print_table(report)
+        Console().print(f"reports written to {where}/validation.{{json,md,html}} ({report.wall_s:.1f} s)")
+        violations += [f"{fam}: {v}" if len(groups) > 1 else v for v in report.violations]
+    if check and violations:
+        for line in violations:
             print(f"error: {line}", file=sys.stderr)
         raise SystemExit(1)  # calib.cli.main drops the code of typer.Exit (standalone_mode=False)
 
