@@ -127,13 +127,13 @@ def _parse_kineto(data: dict[str, Any], path: Path) -> KinetoTrace:
         elif cat in CPU_CATS:
             pids[e.get("pid")] += 1
             name = str(e.get("name", ""))
+            start = _event_ns(e, "ts", path)
+            end = start + _event_ns(e, "dur", path)
             if name.startswith("ProfilerStep#") and name[13:].isdigit():
-                start = _event_ns(e, "ts", path)
-                kt.steps.append((start, start + _event_ns(e, "dur", path), int(name[13:])))
+                kt.steps.append((start, end, int(name[13:])))
             if "Record function id" in args:
                 kt.has_record_ids = True
-            start = _event_ns(e, "ts", path)
-            kt.cpu_spans.setdefault(e.get("tid"), []).append((start, start + _event_ns(e, "dur", path), e))
+            kt.cpu_spans.setdefault(e.get("tid"), []).append((start, end, e))
             ext = args.get("External id")
             if ext is not None:
                 key = (e.get("tid"), int(ext))

@@ -263,8 +263,7 @@ def _split_coalesced(coalesced: list[LinkedOp], launched: set[int], host: HostTr
             raise CalibError(f"{host.path}: coalesced NCCL kernel (host op {lk.host.id}) has no send/recv or "
                              "collective calls before it in the host trace")
         for i, call in enumerate(parts):
-            act = lk.act if i == 0 else GpuActivity(lk.act.kind, lk.act.name, lk.act.stream, lk.act.start_ns,
-                                                     lk.act.dur_ns, lk.act.correlation, lk.act.args)
+            act = lk.act if i == 0 else _copy(lk.act)
             assert call.comm is not None
             info = _comm_info(call, act, host, kt, rank, call_override=call.comm)
             out.append(LinkedOp(act, lk.launch if i == 0 else None, lk.host, lk.aten_op, lk.step, lk.record, info, i))

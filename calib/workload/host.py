@@ -200,6 +200,7 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
 
     pending: list[int] = []  # the sync nodes the next launch waits for
     known = {n.id for n in nodes}
+    synced = {n.id for n in nodes if n.id in sync or bool(n.attr(HOST_SYNC, False))}
     # The calls of one coalesced NCCL kernel (a converted batched send/recv: attr coalesced_with) are
     # one launch, and a host sync after them waits for all of them: megatron's batch_p2p_sync
     # synchronises after the whole batch, and a sync inside it would deadlock the two peers.
@@ -207,9 +208,10 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
     members: dict[int, list[int]] = {}
     for nid, main in group_of.items():
         members.setdefault(main, [main]).append(nid)
-    last_of = {m: max(ids) for m, ids in members.items()}
+    # The old id after which the host waits, and the old ids it waits for.
+    waits: dict[int, list[int]] = {i: [i] for i in synced if i not in group_of and i not in members}
+    waits.update({max(ids): ids for ids in members.values() if synced.intersection(ids)})
     launch_of: dict[int, int] = {}  # old id of a coalesced kernel's first call -> its launch node
-    synced_groups: set[int] = set()
     for n in nodes:
         old = n.id
         try:
@@ -226,44 +228,33 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
         if main is not None and main in launch_of:  # launched with the kernel's first call
             last = len(out)
             out.append(_moved(n, last, ctrl, [*data, launch_of[main]], in_place))
-            new_id[old] = last
-            if old in sync or bool(n.attr(HOST_SYNC, False)):
-                synced_groups.add(main)
-            if old == last_of[main] and main in synced_groups:
-                if carry:
-                    launch(n, "launch_rest", carry, [])
-                    carry = 0
-                pending = [new_id[m] for m in members[main]]
-            continue
-        k, at, tail_ns = _split(n)
-        first = launch(n, "launch", carry + 1, pending)
-        pending, carry = [], 0
-        if at:
-            total = n.duration_ns
-            head = _part(n, len(out), "[head]", total - tail_ns, (total - tail_ns) / total, False)
-            head.ctrl_deps, head.data_deps = ctrl, [*data, first]
-            out.append(head)
-            more = launch(n, "launch_more", at, [])
-            body = _part(n, len(out), "", tail_ns, tail_ns / total, in_place)
-            body.data_deps = [head.id, more]
-            out.append(body)
-            carry = k - 1 - at
-            last = body.id
         else:
-            last = len(out)
-            out.append(_moved(n, last, ctrl, [*data, first], in_place))
-            carry = k - 1
+            k, at, tail_ns = _split(n)
+            first = launch(n, "launch", carry + 1, pending)
+            pending, carry = [], 0
+            if at:
+                total = n.duration_ns
+                head = _part(n, len(out), "[head]", total - tail_ns, (total - tail_ns) / total, False)
+                head.ctrl_deps, head.data_deps = ctrl, [*data, first]
+                out.append(head)
+                more = launch(n, "launch_more", at, [])
+                body = _part(n, len(out), "", tail_ns, tail_ns / total, in_place)
+                body.data_deps = [head.id, more]
+                out.append(body)
+                carry = k - 1 - at
+                last = body.id
+            else:
+                last = len(out)
+                out.append(_moved(n, last, ctrl, [*data, first], in_place))
+                carry = k - 1
+            if old in members:
+                launch_of[old] = first
         new_id[old] = last
-        if old in members:
-            launch_of[old] = first
-            if old in sync or bool(n.attr(HOST_SYNC, False)):
-                synced_groups.add(old)
-            continue  # a sync waits for the kernel's last call
-        if old in sync or bool(n.attr(HOST_SYNC, False)):
+        if old in waits:
             if carry:  # the host launches the rest before it waits
                 launch(n, "launch_rest", carry, [])
                 carry = 0
-            pending = [last]
+            pending = [new_id[m] for m in waits[old]]
     if carry and nodes:
         launch(nodes[-1], "launch_rest", carry, [])
     return ExecutionTrace(nodes=out, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
