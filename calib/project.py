@@ -161,7 +161,7 @@ def project(
     if calibration is not None and getattr(calibration, "host", None):
         host = calibration.host_model()  # type: ignore[attr-defined]
         calibrated.append(f"host: {host.launch_s * 1e6:.1f} us per kernel launch, {host.sync_s * 1e6:.0f} us per host "
-                          "sync (host model)")
+                          f"sync, {host.p2p_sync * 1e6:.0f} us per pipeline send/recv sync (host model)")
         if mismatch:
             transferred.append(f"host model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
     gen = generate(model, par, kernel_time, host)

@@ -354,7 +354,8 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
             from calib.validation.replay import replay_workload
             from calib.workload.host import add_host_to_replay
 
-            result = simulate(add_host_to_replay(replay_workload(run), host.replay_launch_s, host.replay_sync),
+            result = simulate(add_host_to_replay(replay_workload(run), host.replay_launch_s, host.replay_sync,
+                                                 host.replay_p2p_sync),
                               network, system)
         else:
             result = simulate_replay(run, network, system)

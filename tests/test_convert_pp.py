@@ -54,6 +54,20 @@ def test_every_pipeline_transfer_is_converted(conversion):
         assert not [n for n in trace.nodes if n.type == NodeType.COMP_NODE and "SendRecv" in n.name], rank
 
 
+def test_calls_on_a_one_rank_group_are_no_part_of_a_batched_transfer(conversion):
+    """The last stage all-reduces its loss over a data-parallel group of one rank (DP=1): NCCL launches
+    nothing for it, so it must not be taken for a further call of the next batched send/recv kernel."""
+    groups = conversion.comm_groups
+    for rank, trace in conversion.traces.items():
+        by_id = {n.id: n for n in trace.nodes}
+        for n in trace.nodes:
+            main = n.attr("coalesced_with")
+            if main is not None:
+                assert n.type in P2P and by_id[int(main)].type in P2P, (rank, n.id)
+        assert not [n for n in trace.nodes if n.type == NodeType.COMM_COLL_NODE
+                    and len(groups.get(int(n.attr("pg_name", -1)), [0, 1])) == 1], rank
+
+
 def test_sends_and_receives_pair_up_across_ranks(conversion):
     def keyed(rank, kind):
         return sorted((n.attr("comm_src"), n.attr("comm_dst"), n.attr("comm_tag"), n.attr("comm_size"))

@@ -14,7 +14,16 @@ from calib.sim import simulate
 from calib.sim.config import Dim, NetworkConfig, SystemConfig
 from calib.sim.types import SimWorkload
 from calib.workload.generate import generate
-from calib.workload.host import HOST_SYNC, LAUNCHES, add_host, concat, count_host, set_host_costs, summarize
+from calib.workload.host import (
+    HOST_SYNC,
+    LAUNCHES,
+    add_host,
+    concat,
+    count_host,
+    count_p2p_syncs,
+    set_host_costs,
+    summarize,
+)
 from calib.workload.models import resolve_model
 from calib.workload.parallel import ParallelConfig
 
@@ -131,21 +140,50 @@ def test_solve_finds_the_crossing() -> None:
     assert solve(f, 100.0, 1e-3) == 1e-3  # clipped to the bracket
 
 
-def test_fit_runs_recovers_a_known_cost_and_cross_validates() -> None:
-    def run(i: str, key: str, n: int, gpu: float, syncs: int) -> Run:
-        def step(c: float, s: float) -> float:
-            return max(gpu, n * c) + syncs * s
-        return Run(i, key, step(30e-6, 2e-3), syncs, step)
+def _synthetic_run(i: str, key: str, n: int, gpu: float, syncs: int, p2p: int = 0) -> Run:
+    def step(c: float, s: float, p: float) -> float:
+        return max(gpu, n * c) + syncs * s + p2p * p
+    return Run(i, key, step(30e-6, 2e-3, 1.5e-3), syncs, step, p2p)
 
+
+def test_fit_runs_recovers_a_known_cost_and_cross_validates() -> None:
+    run = _synthetic_run
     runs = [run("a", "A", 4000, 0.1, 0), run("a2", "A", 4000, 0.1, 0), run("b", "B", 2000, 0.05, 0),
             run("c", "C", 5000, 0.12, 4), run("d", "D", 3000, 0.08, 2)]
     model, err = fit_runs(runs)
     assert model.launch_s == pytest.approx(30e-6, rel=0.01)
     assert model.sync_s == pytest.approx(2e-3, rel=0.02)
+    assert model.p2p_sync_s is None and model.p2p_sync == model.sync_s  # no pipeline run: the sync cost stands in
     assert err["count"] == 5 and err["mape"] < 2.0
     assert "calibrated" in model.provenance["host.launch_s"]
+    assert "not calibrated" in model.provenance["host.p2p_sync_s"]
     back = HostModel.from_dict(model.to_dict())
     assert back.launch_s == model.launch_s and back.runs == model.runs
+
+
+def test_fit_runs_fits_the_pipeline_sync_cost_on_the_pipeline_runs() -> None:
+    run = _synthetic_run
+    runs = [run("a", "A", 4000, 0.1, 0), run("b", "B", 2000, 0.05, 0), run("c", "C", 5000, 0.12, 4),
+            run("d", "D", 3000, 0.08, 2), run("p", "P", 3000, 0.05, 2, 8), run("q", "Q", 2500, 0.06, 2, 16)]
+    model, err = fit_runs(runs)
+    assert model.p2p_sync_s == pytest.approx(1.5e-3, rel=0.02)
+    assert model.sync_s == pytest.approx(2e-3, rel=0.02)
+    assert err["mape"] < 2.0
+    assert {r["id"]: r["p2p_syncs"] for r in model.runs}["q"] == 16
+    back = HostModel.from_dict(model.to_dict())
+    assert back.p2p_sync_s == model.p2p_sync_s
+
+
+def test_add_host_costs_syncs_after_sends_and_receives_apart() -> None:
+    send = _gpu(1, 10_000, sync=True)
+    send.type = NodeType.COMM_SEND_NODE
+    trace = ExecutionTrace(nodes=[_gpu(0, 1_000), send, _gpu(2, 1_000), _gpu(3, 1_000, sync=True), _gpu(4, 1_000)])
+    out = add_host(trace, 1e-6, 100e-6, p2p_sync_s=700e-6)
+    after = {n.name: n.duration_ns for n in out.nodes if n.attr("host_after_sync")}
+    assert after == {"launch:" + trace.nodes[2].name: 701_000, "launch:" + trace.nodes[4].name: 101_000}
+    assert count_p2p_syncs(out) == 1 and count_host(out) == (5, 2)
+    set_host_costs(out, 1e-6, 100e-6, 50e-6)
+    assert {n.duration_ns for n in out.nodes if n.attr("host_after_p2p")} == {51_000}
 
 
 def _counted(fn):  # a step function that counts its simulations
@@ -292,8 +330,8 @@ def test_fit_host_on_a_real_bundle() -> None:
     model, err = fit_host([bundle], cal.kernel_model(), cal)
     assert 0 < model.launch_s < 1e-3 and err["count"] == 0  # one configuration: nothing to hold out
     run = prepare_run(bundle, cal.kernel_model(), cal)
-    assert run.step(model.launch_s, model.sync_s) == pytest.approx(run.measured_s, rel=0.01)
-    assert run.step(0.0, 0.0) < run.measured_s  # the GPU-bound step underpredicts this run
+    assert run.step(model.launch_s, model.sync_s, model.p2p_sync) == pytest.approx(run.measured_s, rel=0.01)
+    assert run.step(0.0, 0.0, 0.0) < run.measured_s  # the GPU-bound step underpredicts this run
 
 
 def test_replay_recosting_equals_building_anew() -> None:
@@ -307,11 +345,13 @@ def test_replay_recosting_equals_building_anew() -> None:
     from calib.validation.replay import read_run_traces, replay_workload
     from calib.workload.host import add_host_to_replay
 
-    bundle = read_bundle(TRACES / "h200" / "gpt175b-tp4")
+    bundle = read_bundle(TRACES / "h200" / "gpt6.7b-pp2-mbs2")  # device-to-host and pipeline syncs
     cal = Calibration.load(default_calibration_path("h200"))
     run = replay_run(bundle, cal, 1e-4)
+    assert run.p2p_syncs > 0 and run.syncs > 0
     network, system = engine.replay_network(bundle, cal)
     base = replay_workload(read_run_traces(bundle))
-    for c, s in ((60e-6, 1e-4), (0.0, 1e-4), (30e-6, 3e-4), (30e-6, 0.0)):  # re-costed in place, down and up
-        built = simulate(add_host_to_replay(base, c, s), network, system).step_time_s
-        assert run.step(c, s) == built
+    # re-costed in place, down and up
+    for c, s, p in ((60e-6, 1e-4, 1e-3), (0.0, 1e-4, 0.0), (30e-6, 3e-4, 2e-3), (30e-6, 0.0, 5e-4)):
+        built = simulate(add_host_to_replay(base, c, s, p), network, system).step_time_s
+        assert run.step(c, s, p) == built

@@ -244,11 +244,14 @@ def _split_coalesced(coalesced: list[LinkedOp], launched: set[int], host: HostTr
     endCoalescing in the host trace, whose node ids follow execution order: a coalesced kernel
     takes the unclaimed calls issued before its launching op. Part 0 carries the kernel; the other
     parts are copies with the same start and duration (the calls ran together in that kernel).
+    A call on a group of one rank (megatron's loss all-reduce over a data-parallel group of one on
+    the last pipeline stage) moves nothing and launches no kernel: it is no part of any.
     """
     if not coalesced:
         return []
     pool = sorted((o for o in host.ops_by_id.values() if o.comm is not None and o.id not in launched
-                   and o.comm.collective_name not in ("wait", "coalesced")), key=lambda o: o.id)
+                   and o.comm.collective_name not in ("wait", "coalesced") and o.comm.group_size != 1),
+                  key=lambda o: o.id)
     out: list[LinkedOp] = []
     taken = 0
     for lk in sorted(coalesced, key=lambda lk: (lk.host.id if lk.host is not None else -1, lk.act.start_ns)):

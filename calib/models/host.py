@@ -5,7 +5,10 @@ Parameters (seconds):
   everything eager PyTorch and megatron-core do on the Python/autograd thread per kernel;
 - `sync_s`: host time between a sync point's GPU work ending and the next launch (the device-to-
   host copy returning and the Python work before the next kernel), at the sync points of
-  calib.workload.host.SYNC_AFTER.
+  calib.workload.host.SYNC_AFTER;
+- `p2p_sync_s`: the same after a pipeline send/recv batch (megatron-core's batch_p2p_sync drains
+  the device; the schedule's work between micro-batches follows before the next launch). Fitted
+  on the pipeline-parallel runs only; a calibration without it uses `sync_s`.
 The generator (calib.workload.generate with `host=`) puts them into the ET as ASTRA-sim CPU ops.
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
@@ -16,8 +19,8 @@ one minimising the mean absolute percent error (MAPE) of the simulated against t
 over all runs, refined where a lower bound of the MAPE says it could still improve. A run that is
 already over-predicted at zero cost (GPU-bound) then constrains the cost only from where the cost
 starts to lengthen its step; the median of per-run roots would count it as wanting 0. `launch_s` is
-fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with sync points), then both once
-more. Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
+fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with device-to-host sync points),
+then `p2p_sync_s` at both (runs with pipeline send/recv syncs), then all once more. Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
 informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
 (RunSpec.key(), telemetry twins together) is simulated at the costs minimising the MAPE over the
 other configurations, found on the same simulated grid (no new simulation but the held-out step).
@@ -54,17 +57,29 @@ class HostModel:
     runs: list[dict] = field(default_factory=list)  # per training bundle: id, config, measured_s, launch_s, sync_s
     provenance: dict[str, str] = field(default_factory=dict)
     replay_sync_s: float | None = None  # per sync point, for replays (fit_replay_launch); None: sync_s
+    p2p_sync_s: float | None = None  # per pipeline send/recv sync; None: sync_s
+    replay_p2p_sync_s: float | None = None  # the same for replays; None: replay_sync
 
     @property
     def replay_sync(self) -> float:
         """The sync cost replays use: their own fit where there is one, else the generated fit's."""
         return self.sync_s if self.replay_sync_s is None else self.replay_sync_s
 
+    @property
+    def p2p_sync(self) -> float:
+        return self.sync_s if self.p2p_sync_s is None else self.p2p_sync_s
+
+    @property
+    def replay_p2p_sync(self) -> float:
+        return self.replay_sync if self.replay_p2p_sync_s is None else self.replay_p2p_sync_s
+
     def to_dict(self) -> dict:
         return {
             "launch_s": float(self.launch_s), "sync_s": float(self.sync_s),
+            "p2p_sync_s": None if self.p2p_sync_s is None else float(self.p2p_sync_s),
             "replay_launch_s": None if self.replay_launch_s is None else float(self.replay_launch_s),
             "replay_sync_s": None if self.replay_sync_s is None else float(self.replay_sync_s),
+            "replay_p2p_sync_s": None if self.replay_p2p_sync_s is None else float(self.replay_p2p_sync_s),
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
         }
@@ -83,15 +98,20 @@ class HostModel:
             raise CalibError(f"calibration host section: launch_s {launch} / sync_s {sync} must be finite and >= 0")
         if replay is not None and not (np.isfinite(replay) and replay >= 0):
             raise CalibError(f"calibration host section: replay_launch_s {replay} must be finite and >= 0")
-        try:
-            rsync = data.get("replay_sync_s")
-            rsync = None if rsync is None else float(rsync)
-        except (TypeError, ValueError):
-            raise CalibError("calibration host section: replay_sync_s must be a number (seconds)") from None
-        if rsync is not None and not (np.isfinite(rsync) and rsync >= 0):
-            raise CalibError(f"calibration host section: replay_sync_s {rsync} must be finite and >= 0")
+        rsync, p2p, rp2p = (_optional_cost(data, k) for k in ("replay_sync_s", "p2p_sync_s", "replay_p2p_sync_s"))
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
-                   dict(data.get("provenance") or {}), rsync)
+                   dict(data.get("provenance") or {}), rsync, p2p, rp2p)
+
+
+def _optional_cost(data: dict, key: str) -> float | None:
+    try:
+        value = data.get(key)
+        value = None if value is None else float(value)
+    except (TypeError, ValueError):
+        raise CalibError(f"calibration host section: {key} must be a number (seconds)") from None
+    if value is not None and not (np.isfinite(value) and value >= 0):
+        raise CalibError(f"calibration host section: {key} {value} must be finite and >= 0")
+    return value
 
 
 def _short(ids: Sequence[str], most: int = 4) -> str:
@@ -100,7 +120,7 @@ def _short(ids: Sequence[str], most: int = 4) -> str:
     return ", ".join(ids) if len(ids) <= most else f"{', '.join(ids[:most])} and {len(ids) - most} more bundles"
 
 
-StepOf = Callable[[float, float], float]  # (launch_s, sync_s) -> simulated step seconds
+StepOf = Callable[[float, float, float], float]  # (launch_s, sync_s, p2p_sync_s) -> simulated step seconds
 
 
 @dataclass
@@ -108,8 +128,9 @@ class _Run:
     id: str
     key: str
     measured_s: float
-    syncs: int
+    syncs: int  # device-to-host sync points
     step: StepOf
+    p2p_syncs: int = 0  # pipeline send/recv sync points
 
 
 def solve(step: Callable[[float], float], target: float, hi: float, lo: float = 0.0) -> float:
@@ -298,45 +319,64 @@ def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
         raise CalibError("host model: no training bundles to fit on")
     measured = [r.measured_s for r in runs]
     synced = [r for r in runs if r.syncs]
-    sync_s = 0.0
+    piped = [r for r in runs if r.p2p_syncs]
+    sync_s = p2p_s = 0.0
     sc: Curves | None = None
-    for _ in range(ROUNDS):  # the launch cost at the current sync cost, then the sync cost at that launch cost
-        lc = Curves([lambda x, r=r, s=sync_s: r.step(x, s) for r in runs], measured, LAUNCH_MAX_S)
+    pc: Curves | None = None
+    for rnd in range(ROUNDS):  # each cost in turn at the others' current values
+        # The first round starts each cost on the runs the costs not fitted yet cannot distort (runs
+        # without syncs for the launch cost, without pipeline syncs for the sync cost), where there are any.
+        some = [r for r in runs if not r.syncs and not r.p2p_syncs] if rnd == 0 else []
+        lc = Curves([lambda x, r=r, s=sync_s, p=p2p_s: r.step(x, s, p) for r in some or runs],
+                    [r.measured_s for r in some] or measured, LAUNCH_MAX_S)
         launch_s = lc.fit()
+        some = [r for r in synced if not r.p2p_syncs] if rnd == 0 else []
         if synced:
-            sc = Curves([lambda x, r=r, c=launch_s: r.step(c, x) for r in synced],
-                        [r.measured_s for r in synced], SYNC_MAX_S)
+            sc = Curves([lambda x, r=r, c=launch_s, p=p2p_s: r.step(c, x, p) for r in some or synced],
+                        [r.measured_s for r in some or synced], SYNC_MAX_S)
             sync_s = sc.fit()
+        if piped:
+            pc = Curves([lambda x, r=r, c=launch_s, s=sync_s: r.step(c, s, x) for r in piped],
+                        [r.measured_s for r in piped], SYNC_MAX_S)
+            p2p_s = pc.fit()
     keys = [r.key for r in runs]
     held_launch = lc.heldout(keys)
     held_sync = sc.heldout([r.key for r in synced]) if sc else {}
+    held_p2p = pc.heldout([r.key for r in piped]) if pc else {}
     sync_of = {r.id: j for j, r in enumerate(synced)}
+    p2p_of = {r.id: j for j, r in enumerate(piped)}
     errors: list[float] = []
     per_run: list[dict] = []
     for i, r in enumerate(runs):
-        j = sync_of.get(r.id)
+        j, k = sync_of.get(r.id), p2p_of.get(r.id)
         heldout = None
         if i in held_launch:
             # A configuration whose runs all have sync points, but no other configuration has any: no sync cost.
             so = held_sync.get(j, 0.0) if j is not None else 0.0
-            heldout = r.step(held_launch[i], so)
+            po = held_p2p.get(k, 0.0) if k is not None else 0.0
+            heldout = r.step(held_launch[i], so, po)
             errors.append(_pct(heldout, r.measured_s))
         per_run.append({
             "id": r.id, "config": r.key, "measured_s": r.measured_s, "launch_s": lc.roots[i],
             "sync_s": sc.roots[j] if sc is not None and j is not None else None, "syncs": r.syncs,
-            "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s, sync_s),
+            "p2p_sync_s": pc.roots[k] if pc is not None and k is not None else None, "p2p_syncs": r.p2p_syncs,
+            "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s, sync_s, p2p_s),
         })
     err = _stats(errors, "leave-one-configuration-out: each configuration's simulated step at the launch and sync "
                          "costs that minimise the mean absolute percent error over the other configurations' runs "
-                         "(kernel and network models as given; from the last round's simulations, the launch cost "
-                         "at the previous round's sync cost, the sync cost at the fitted launch cost)")
+                         "(kernel and network models as given; from the last round's simulations, each cost at the "
+                         "others' values when it was fitted)")
     src = _short([r.id for r in runs])
-    model = HostModel(launch_s, sync_s, None, dict(SYNC_AFTER), per_run, {
+    model = HostModel(launch_s, sync_s, None, dict(SYNC_AFTER), per_run, p2p_sync_s=p2p_s if piped else None,
+                      provenance={
         "host.launch_s": "calibrated: the cost per launch minimising the mean absolute percent error of the "
                          f"simulated against the measured step over {src}",
         "host.sync_s": ("calibrated: the cost per sync point minimising the same error at host.launch_s over "
                         f"{_short([r.id for r in synced])}" if synced else
                         "not calibrated: no training bundle has a host sync point (0)"),
+        "host.p2p_sync_s": ("calibrated: the cost per pipeline send/recv sync minimising the same error at "
+                            f"host.launch_s and host.sync_s over {_short([r.id for r in piped])}" if piped else
+                            "not calibrated: no pipeline-parallel training bundle (host.sync_s is used)"),
         "host.sync_points": "configured: megatron-core host synchronisations (calib.workload.host.SYNC_AFTER)",
     })
     return model, err
@@ -348,25 +388,26 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.workload.generate import generate
-    from calib.workload.host import count_host
+    from calib.workload.host import count_host, count_p2p_syncs
 
     spec = bundle.manifest.spec
     if spec is None:
         raise CalibError(f"bundle {bundle.path}: a training bundle without a spec cannot fit the host model")
     model, par = engine.model_of(spec), engine.parallel_of(spec)
     network, system = engine.replay_network(bundle, calibration)
-    cache: dict[tuple[float, float], float] = {}
+    cache: dict[tuple[float, float, float], float] = {}
 
-    def step(launch_s: float, sync_s: float) -> float:
-        key = (launch_s, sync_s)
+    def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
+        key = (launch_s, sync_s, p2p_s)
         if key not in cache:
-            gen = generate(model, par, kernel_model.predict, HostModel(launch_s, sync_s))
+            gen = generate(model, par, kernel_model.predict, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
             cache[key] = simulate(gen.workload, network, system).step_time_s
         return cache[key]
 
     probe = generate(model, par, kernel_model.predict, HostModel(0.0, 0.0))
-    syncs = sum(count_host(c.trace)[1] for c in probe.workload.classes)
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step)
+    p2p = sum(count_p2p_syncs(c.trace) for c in probe.workload.classes)
+    syncs = sum(count_host(c.trace)[1] for c in probe.workload.classes) - p2p
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p)
 
 
 def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host: Any) -> tuple[HostModel, dict]:
@@ -388,29 +429,30 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, converted_sync_points, set_host_costs
+    from calib.workload.host import add_host_to_replay, count_host, count_p2p_syncs, set_host_costs
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle)
     check_replayable(run, spec.pp, f"bundle {bundle.id}")
     network, system = engine.replay_network(bundle, calibration)
     base = replay_workload(run)
-    syncs = max(len(converted_sync_points(c.trace)) for c in base.classes)
-    cache: dict[tuple[float, float], float] = {}
+    cache: dict[tuple[float, float, float], float] = {}
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
     hosted = add_host_to_replay(base, 0.0, sync_s)
+    p2p = max(count_p2p_syncs(c.trace) for c in hosted.classes)
+    syncs = max(count_host(c.trace)[1] - count_p2p_syncs(c.trace) for c in hosted.classes)
 
-    def step(launch_s: float, sync: float) -> float:
-        key = (launch_s, sync)
+    def step(launch_s: float, sync: float, p2p_s: float) -> float:
+        key = (launch_s, sync, p2p_s)
         if key not in cache:
             for c in hosted.classes:
-                set_host_costs(c.trace, launch_s, sync)
+                set_host_costs(c.trace, launch_s, sync, p2p_s)
             cache[key] = simulate(hosted, network, system).step_time_s
         return cache[key]
 
-    step(0.0, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step)
+    step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p)
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
@@ -434,7 +476,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         raise CalibError("host model: no training bundle with replayable ETs to fit the replay launch cost on")
     fitted, err = fit_runs(runs)  # launch and sync costs of the replays, as for generated steps
     out = HostModel.from_dict(host.to_dict())
-    out.replay_launch_s, out.replay_sync_s = fitted.launch_s, fitted.sync_s
+    out.replay_launch_s, out.replay_sync_s, out.replay_p2p_sync_s = fitted.launch_s, fitted.sync_s, fitted.p2p_sync_s
     per = {r["id"]: r for r in fitted.runs}
     for r in out.runs:
         if r["id"] in per:
@@ -444,8 +486,12 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         "calibrated: the cost per measured kernel minimising the mean absolute percent error of the replayed "
         f"against the measured step over {src}")
     out.provenance["host.replay_sync_s"] = (
-        "calibrated: the cost per sync point of the replays (device-to-host copies, pipeline send/recv batches) "
-        f"minimising the same error at host.replay_launch_s over {src}")
+        "calibrated: the cost per device-to-host sync point of the replays minimising the same error at "
+        f"host.replay_launch_s over {src}")
+    out.provenance["host.replay_p2p_sync_s"] = (
+        "calibrated: the cost per pipeline send/recv sync of the replays minimising the same error over the "
+        "pipeline-parallel replays" if fitted.p2p_sync_s is not None else
+        "not calibrated: no pipeline-parallel replay (host.replay_sync_s is used)")
     err["method"] = ("leave-one-configuration-out on replays of the converted ETs: each configuration replayed at the "
                      "launch and sync costs minimising the mean absolute percent error over the other configurations' "
                      "replays")

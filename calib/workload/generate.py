@@ -339,9 +339,16 @@ def check_supported(model: ModelSpec, par: ParallelConfig) -> None:
         raise CalibError(f"sequence parallel: TP {par.tp} does not divide sequence length {model.seq_length}")
 
 
+def _p2p_sync(host: HostCosts) -> float | None:
+    """The host cost after a pipeline send/recv sync, where the host costs have one of their own."""
+    value = getattr(host, "p2p_sync_s", None)
+    return None if value is None else float(value)
+
+
 def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, host: HostCosts | None = None) -> GeneratedStep:
     """The workload of one training step of `model` under `par` (see module docstring). With `host`
-    (calib.models.host.HostModel or anything with `launch_s` and `sync_s` in seconds) every GPU node
+    (calib.models.host.HostModel or anything with `launch_s` and `sync_s`, optionally `p2p_sync_s`, in
+    seconds) every GPU node
     gets its host launch and megatron's host sync points are kept (calib.workload.host); without
     it the step is GPU-bound, as before."""
     check_supported(model, par)
@@ -349,7 +356,8 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, hos
     classes = [_Stage(ctx, p).build() for p in range(par.pp)]
     if host is not None:
         for c, _, _ in classes:
-            c.trace = add_host(c.trace, float(host.launch_s), float(host.sync_s), in_place=True)
+            c.trace = add_host(c.trace, float(host.launch_s), float(host.sync_s), in_place=True,
+                               p2p_sync_s=_p2p_sync(host))
     comm_groups: dict[int, list[int]] = {}
     by_kind = ctx.groups.all_groups()
     for g in by_kind.values():

@@ -17,8 +17,11 @@ In the ET this becomes (`add_host`):
   launches up to that kernel, which makes the fused node end exactly when its n kernels launched
   one by one would; the remaining launches follow on the host chain before the next node's;
 - a GPU node marked `host_sync` makes the next launch wait for it (data dependency), and that
-  launch also carries the host's time from the sync to the next launch (`sync_s`).
-The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`) so that
+  launch also carries the host's time from the sync to the next launch: `sync_s` after a
+  device-to-host read, `p2p_sync_s` after a pipeline send/recv batch (megatron-core's
+  batch_p2p_sync: the whole device drains, and the host then runs the schedule's work between
+  micro-batches before its next launch, which the GPU waits for).
+The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`, `host_after_p2p`) so that
 `set_host_costs` can re-cost a trace in place, which is how the host model is fitted.
 """
 
@@ -37,6 +40,7 @@ HOST_SYNC = "host_sync"  # attr: the host waits for this GPU node before its nex
 ROLE = "host_role"  # attr of inserted nodes: "launch" (the first kernel) | "launch_rest"
 ROLE_LAUNCHES = "host_launches"
 ROLE_AFTER_SYNC = "host_after_sync"
+ROLE_AFTER_P2P = "host_after_p2p"  # the sync before this launch waited for a pipeline send/recv
 COALESCED_WITH = "coalesced_with"  # attr of converted nodes: a further call of that node's NCCL kernel
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
@@ -116,8 +120,13 @@ def is_launched(node: Node) -> bool:
     return node.type in _GPU_TYPES and not node.is_cpu_op
 
 
-def _duration_ns(launches: int, after_sync: bool, launch_s: float, sync_s: float) -> int:
-    return int(round((launches * launch_s + (sync_s if after_sync else 0.0)) * 1e9))
+_P2P = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
+
+
+def _duration_ns(launches: int, after_sync: bool, after_p2p: bool, launch_s: float, sync_s: float,
+                 p2p_sync_s: float) -> int:
+    after = (p2p_sync_s if after_p2p else sync_s) if after_sync else 0.0
+    return int(round((launches * launch_s + after) * 1e9))
 
 
 def _attr(name: str, value: object, slot: str) -> Attr:
@@ -128,7 +137,7 @@ def _attr(name: str, value: object, slot: str) -> Attr:
     return a
 
 
-def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, ns: int,
+def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, after_p2p: bool, ns: int,
               ctrl: list[int], data: list[int]) -> Node:
     return Node(
         nid, name, NodeType.COMP_NODE, ctrl_deps=ctrl, data_deps=data, duration_micros=int(round(ns / 1000)),
@@ -136,6 +145,7 @@ def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, n
             _attr("is_cpu_op", True, "bool_val"), _attr("duration_ns", ns, "uint64_val"),
             _attr("category", "cpu", "string_val"), _attr(ROLE, role, "string_val"),
             _attr(ROLE_LAUNCHES, launches, "int64_val"), _attr(ROLE_AFTER_SYNC, after_sync, "bool_val"),
+            _attr(ROLE_AFTER_P2P, after_p2p, "bool_val"),
         ],
     )
 
@@ -175,30 +185,33 @@ def _moved(n: Node, nid: int, ctrl: list[int], data: list[int], in_place: bool) 
 
 
 def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
-             sync: set[int] | None = None, in_place: bool = False) -> ExecutionTrace:
+             sync: set[int] | None = None, in_place: bool = False, p2p_sync_s: float | None = None) -> ExecutionTrace:
     """A new trace with the launch chain of the module docstring; node ids are renumbered in
     program order (launches before their GPU node). `sync`: ids of GPU nodes that the host waits
     for, in addition to those with attr `host_sync`. Existing CPU ops are kept as they are.
+    `p2p_sync_s`: the host's time after a sync on a send/recv (None: `sync_s`).
 
     To keep node counts down, the launches of a node's remaining kernels and the first launch of
     the next node are one CPU op (nothing waits between them) unless a sync point lies between.
     `in_place`: reuse (and renumber) the input's nodes instead of copying them; the input trace is
     then spent."""
     sync = sync or set()
+    p2p_s = sync_s if p2p_sync_s is None else p2p_sync_s
     nodes = sorted(trace.nodes, key=lambda n: n.id)
     out: list[Node] = []
     new_id: dict[int, int] = {}  # old id -> the new id of its (last) GPU part
     tail: list[int] = []  # the host chain's last node
     carry = 0  # launches of the previous node not yet on the chain
 
-    def launch(n: Node, role: str, k: int, after: list[int]) -> int:
+    def launch(n: Node, role: str, k: int, after: list[int], p2p: bool = False) -> int:
         nid = len(out)
-        out.append(_cpu_node(nid, f"{role}:{n.name}", role, k, bool(after), _duration_ns(k, bool(after), launch_s, sync_s),
-                             list(tail), list(after)))
+        out.append(_cpu_node(nid, f"{role}:{n.name}", role, k, bool(after), p2p,
+                             _duration_ns(k, bool(after), p2p, launch_s, sync_s, p2p_s), list(tail), list(after)))
         tail[:] = [nid]
         return nid
 
     pending: list[int] = []  # the sync nodes the next launch waits for
+    pending_p2p = False  # ... and whether one of them is a send/recv
     known = {n.id for n in nodes}
     synced = {n.id for n in nodes if n.id in sync or bool(n.attr(HOST_SYNC, False))}
     # The calls of one coalesced NCCL kernel (a converted batched send/recv: attr coalesced_with) are
@@ -211,6 +224,8 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
     # The old id after which the host waits, and the old ids it waits for.
     waits: dict[int, list[int]] = {i: [i] for i in synced if i not in group_of and i not in members}
     waits.update({max(ids): ids for ids in members.values() if synced.intersection(ids)})
+    waited = set().union(*waits.values()) if waits else set()
+    p2p_waits = {n.id for n in nodes if n.id in waited and n.type in _P2P}
     launch_of: dict[int, int] = {}  # old id of a coalesced kernel's first call -> its launch node
     for n in nodes:
         old = n.id
@@ -230,8 +245,8 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
             out.append(_moved(n, last, ctrl, [*data, launch_of[main]], in_place))
         else:
             k, at, tail_ns = _split(n)
-            first = launch(n, "launch", carry + 1, pending)
-            pending, carry = [], 0
+            first = launch(n, "launch", carry + 1, pending, pending_p2p)
+            pending, pending_p2p, carry = [], False, 0
             if at:
                 total = n.duration_ns
                 head = _part(n, len(out), "[head]", total - tail_ns, (total - tail_ns) / total, False)
@@ -255,6 +270,7 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
                 launch(n, "launch_rest", carry, [])
                 carry = 0
             pending = [new_id[m] for m in waits[old]]
+            pending_p2p = any(m in p2p_waits for m in waits[old])
     if carry and nodes:
         launch(nodes[-1], "launch_rest", carry, [])
     return ExecutionTrace(nodes=out, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
@@ -271,19 +287,22 @@ def converted_sync_points(trace: ExecutionTrace) -> set[int]:
     return out
 
 
-def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float) -> ExecutionTrace:
+def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float,
+                          p2p_sync_s: float | None = None) -> ExecutionTrace:
     """A converted ET (one node per measured kernel, in launch order) with its host launches: one
     launch per GPU node and the syncs of `converted_sync_points`. Kernel durations stay as measured."""
-    return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace))
+    return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace), p2p_sync_s=p2p_sync_s)
 
 
-def set_host_costs(trace: ExecutionTrace, launch_s: float, sync_s: float) -> None:
-    """Re-cost the launch nodes of a trace made by `add_host`, in place."""
+def set_host_costs(trace: ExecutionTrace, launch_s: float, sync_s: float, p2p_sync_s: float | None = None) -> None:
+    """Re-cost the launch nodes of a trace made by `add_host`, in place (`p2p_sync_s` None: `sync_s`)."""
+    p2p_s = sync_s if p2p_sync_s is None else p2p_sync_s
     for n in trace.nodes:
         role = n.attr(ROLE)
         if role is None:
             continue
-        ns = _duration_ns(int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)), launch_s, sync_s)
+        ns = _duration_ns(int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)),
+                          bool(n.attr(ROLE_AFTER_P2P, False)), launch_s, sync_s, p2p_s)
         n.set_attr("duration_ns", ns)
         n.duration_micros = int(round(ns / 1000))
 
@@ -298,10 +317,16 @@ def count_host(trace: ExecutionTrace) -> tuple[int, int]:
     return launches, syncs
 
 
-def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float) -> SimWorkload:
+def count_p2p_syncs(trace: ExecutionTrace) -> int:
+    """The sync points of a trace made by `add_host` that waited for a pipeline send/recv."""
+    return sum(1 for n in trace.nodes if n.attr(ROLE) is not None and bool(n.attr(ROLE_AFTER_P2P, False)))
+
+
+def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float,
+                       p2p_sync_s: float | None = None) -> SimWorkload:
     """A replay workload (one class per rank, converted ETs) with every rank's host launches
     (`add_host_to_converted`); `materialize` returns the new traces (for ASTRA-sim files)."""
-    traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s) for c in workload.classes}
+    traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s, p2p_sync_s) for c in workload.classes}
     classes = [RankClass(rep=c.rep, members=list(c.members), trace=traces[c.rep]) for c in workload.classes]
     return SimWorkload(num_ranks=workload.num_ranks, classes=classes, comm_groups=dict(workload.comm_groups),
                        materialize=traces.__getitem__)
