@@ -22,37 +22,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cross_validated(micro: pd.DataFrame, train: pd.DataFrame, folds: int) -> pd.DataFrame:
-    """Out-of-fold predictions, the same folds and latencies as calib.fit.fit_network."""
-    from calib.fit import _series_points
-    from calib.models.common import kfold_indices
-    from calib.models.network import MIN_SERIES_POINTS, CollectiveModel, Series
+def cross_validated(micro: pd.DataFrame, train: pd.DataFrame, model: object, folds: int) -> pd.DataFrame:
+    """Out-of-fold predictions of calib.fit.fit_network's cross-validation (the same function)."""
+    from calib.fit import _series_points, network_fold_predictions
 
-    pts = _series_points(micro, train)
-    model = CollectiveModel()
-    for (d, k, n), g in pts.items():
-        model.series[model.key(d, k, n)] = Series.fit(d, k, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float),
-                                                      bench=g["bench"].to_numpy(bool))
-    model.set_bench_floor()
-    rows = []
-    for (d, k, n), g in pts.items():
-        sizes = np.unique(g["bytes"].to_numpy(float))
-        if len(sizes) < MIN_SERIES_POINTS + 1:
-            continue
-        for fold in kfold_indices(len(sizes), folds):
-            test = g["bytes"].isin(sizes[fold]).to_numpy()
-            tr, te = g[~test], g[test]
-            ser = Series.fit(d, k, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
-                             bench=tr["bench"].to_numpy(bool))
-            for bench in (True, False):
-                part = te[te["bench"] == bench]
-                if part.empty:
-                    continue
-                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=None if bench else model.alpha_for(ser))
-                rows.append(pd.DataFrame({"series": f"{d}/{k}/{n}", "source": "bench" if bench else "trace",
-                                          "bytes": part["bytes"].to_numpy(float), "pred": p,
-                                          "meas": part["time_s"].to_numpy(float)}))
-    cv = pd.concat(rows, ignore_index=True)
+    fits = {k: g for k, g in _series_points(micro, train).items() if model.key(*k) in model.series}  # type: ignore[attr-defined]
+    cv = network_fold_predictions(fits, model, folds)  # type: ignore[arg-type]
+    cv["source"] = np.where(cv["bench"], "bench", "trace")
     cv["err_pct"] = 100 * (cv["pred"] - cv["meas"]).abs() / cv["meas"]
     return cv
 
@@ -102,7 +78,7 @@ def main(argv: list[str]) -> int:
     bundles = select_bundles(load_bundles(paths), FitOptions())
     micro, train = collective_points(bundles)
     model, errors, _ = fit_network(micro, train, 8, FitOptions())
-    cv = cross_validated(micro, train, FitOptions().folds)
+    cv = cross_validated(micro, train, model, FitOptions().folds)
     big = cv[cv["bytes"] >= 2**20]
     pd.set_option("display.width", 200)
     print(f"held-out MAPE >= 1 MiB: {big['err_pct'].mean():.2f} % (max {big['err_pct'].max():.1f} %, {len(big)} points); "

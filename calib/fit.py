@@ -59,6 +59,9 @@ class FitOptions:
     peaks: GpuPeaks | None = None
     min_kernel_points: int = 8
     replay_host: bool = False  # also fit the host launch cost of replays (minutes: replays every run)
+    # False: fit the models only, without their error estimates (`calib validate`'s held-out fits,
+    # which score the left-out runs themselves and would discard them); the parameters are the same.
+    cross_validate: bool = True
 
 
 def gpu_family(name: str) -> str:
@@ -147,6 +150,8 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
     make = lambda: KernelModel(peaks=peaks, min_points=opts.min_kernel_points)  # noqa: E731
     model = make().fit(shapes, t)
     errors: dict[str, ErrorStat] = {}
+    if not opts.cross_validate:
+        return model, errors
     n = len(shapes)
     folds = shape_folds(shapes, opts.folds)  # a shape's bench and trace rows are held out together
 
@@ -314,6 +319,37 @@ def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, 
             for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
 
 
+def network_fold_predictions(fits: dict[tuple[str, str, int], pd.DataFrame], model: CollectiveModel,
+                             folds: int) -> pd.DataFrame:
+    """Out-of-fold predictions of the collective series (`fits`: their points by (domain, kind, group
+    size); `model`: fitted on all of them, for the training-step latencies): k-fold over each series'
+    distinct sizes, a held-out size left out of both sources. Columns series, bench, bytes, pred, meas."""
+    rows = []
+    for (dom, kind, n), g in fits.items():
+        sizes = np.unique(g["bytes"].to_numpy(float))
+        if len(sizes) < MIN_SERIES_POINTS + 1:
+            continue
+        for fold in kfold_indices(len(sizes), folds):
+            test = g["bytes"].isin(sizes[fold]).to_numpy()
+            tr = g[~test]
+            try:
+                ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
+                                 bench=tr["bench"].to_numpy(bool))
+            except CalibError:
+                continue
+            te = g[test]
+            for bench in (True, False):
+                part = te[te["bench"] == bench]
+                if part.empty:
+                    continue
+                alpha = None if bench else model.alpha_for(ser)
+                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=alpha)
+                rows.append(pd.DataFrame({"series": f"{dom}/{kind}/{n}", "bench": bench,
+                                          "bytes": part["bytes"].to_numpy(float), "pred": p,
+                                          "meas": part["time_s"].to_numpy(float)}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
 def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, opts: FitOptions
                 ) -> tuple[CollectiveModel, dict[str, ErrorStat], list[str]]:
     """Series per (domain, kind, group size) from microbenchmarks and training collectives together
@@ -336,31 +372,9 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
             f"group size; have {', '.join(skipped) or 'none'})"
         )
     model.set_bench_floor()
-    rows = []
-    for (dom, kind, n), g in fits.items():
-        sizes = np.unique(g["bytes"].to_numpy(float))
-        if len(sizes) < MIN_SERIES_POINTS + 1:
-            continue
-        for fold in kfold_indices(len(sizes), opts.folds):
-            test = g["bytes"].isin(sizes[fold]).to_numpy()
-            tr = g[~test]
-            try:
-                ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
-                                 bench=tr["bench"].to_numpy(bool))
-            except CalibError:
-                continue
-            te = g[test]
-            for bench in (True, False):
-                part = te[te["bench"] == bench]
-                if part.empty:
-                    continue
-                alpha = None if bench else model.alpha_for(ser)
-                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=alpha)
-                rows.append(pd.DataFrame({"pred": p, "meas": part["time_s"].to_numpy(float),
-                                          "bytes": part["bytes"].to_numpy(float), "bench": bench}))
     errors: dict[str, ErrorStat] = {}
-    if rows:
-        cv = pd.concat(rows, ignore_index=True)
+    cv = network_fold_predictions(fits, model, opts.folds) if opts.cross_validate else pd.DataFrame()
+    if not cv.empty:
         method = f"{opts.folds}-fold over message sizes within each kind and group size"
         big = cv["bytes"] >= MIB
         errors["network"] = error_stat(cv["pred"][big], cv["meas"][big], method + ", sizes >= 1 MiB")
@@ -553,7 +567,7 @@ def _fit_host_section(cal: Calibration, chosen: list[Bundle], opts: FitOptions) 
         prov["host"] = "not calibrated: no training bundles (launches cost nothing: GPU-bound steps)"
         return
     try:
-        host, err = fit_host(chosen, cal.kernel_model(), cal)
+        host, err = fit_host(chosen, cal.kernel_model(), cal, cross_validate=opts.cross_validate)
         if opts.replay_host:
             host, rerr = fit_replay_launch(chosen, cal, host)
             cal.errors["host.replay"] = ErrorStat.from_dict(rerr)
@@ -561,7 +575,8 @@ def _fit_host_section(cal: Calibration, chosen: list[Bundle], opts: FitOptions) 
         prov["host"] = f"not calibrated: {exc}"
         return
     cal.host = host.to_dict()
-    cal.errors["host"] = ErrorStat.from_dict(err)
+    if err:
+        cal.errors["host"] = ErrorStat.from_dict(err)
     prov.update(host.provenance)
 
 

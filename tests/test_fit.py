@@ -43,6 +43,16 @@ def test_fit_everything_with_errors_and_provenance(bundle_dir: Path) -> None:
     assert cal.power_model().power_w({"compute": 1.0}) == pytest.approx(620.0, rel=1e-3)
 
 
+def test_fit_without_cross_validation_has_the_same_parameters_and_no_errors(bundle_dir: Path) -> None:
+    bundles = load_bundles([bundle_dir])
+    full, bare = fit_calibration(bundles), fit_calibration(bundles, cross_validate=False)
+    for section in ("kernel", "network", "power"):
+        assert getattr(bare, section) == getattr(full, section), section
+    assert not any(name.startswith(("kernel", "network.all_sizes", "network.trace", "network.bench")) or name == "network"
+                   for name in bare.errors)
+    assert "kernel" in full.errors and "network" in full.errors
+
+
 def test_cli_writes_file_and_prints_tables(bundle_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "cal.yaml"
     assert main(["fit", str(bundle_dir), "-o", str(out)]) == 0

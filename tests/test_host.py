@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
@@ -159,6 +160,36 @@ def test_fit_runs_recovers_a_known_cost_and_cross_validates() -> None:
     assert "not calibrated" in model.provenance["host.p2p_sync_s"]
     back = HostModel.from_dict(model.to_dict())
     assert back.launch_s == model.launch_s and back.runs == model.runs
+
+
+def test_fit_runs_without_cross_validation_fits_the_same_costs() -> None:
+    run = _synthetic_run
+    runs = [run("a", "A", 4000, 0.1, 0), run("b", "B", 2000, 0.05, 0), run("c", "C", 5000, 0.12, 4),
+            run("d", "D", 3000, 0.08, 2)]
+    full, err = fit_runs(runs)
+    bare, none = fit_runs(runs, cross_validate=False)
+    assert none == {} and err["count"] == 4
+    assert (bare.launch_s, bare.sync_s) == (full.launch_s, full.sync_s)
+    assert all(r["heldout_step_s"] is None for r in bare.runs)
+
+
+def test_repeated_op_tables_are_predicted_once() -> None:
+    import pandas as pd
+
+    from calib.models.host import _same_ops_once
+
+    calls: list[int] = []
+
+    def predict(table: pd.DataFrame) -> np.ndarray:
+        calls.append(len(table))
+        return table["flops"].to_numpy(float) * 1e-12
+
+    kernel_time = _same_ops_once(predict)
+    a = pd.DataFrame({"flops": [1e9, 2e9]})
+    first = kernel_time(a)
+    first[0] = -1.0  # a caller changing its answer changes nothing remembered
+    assert kernel_time(a.copy()).tolist() == [1e-3, 2e-3] and calls == [2]
+    assert kernel_time(pd.DataFrame({"flops": [3e9]})).tolist() == [3e-3] and calls == [2, 1]
 
 
 def test_fit_runs_fits_the_pipeline_sync_cost_on_the_pipeline_runs() -> None:

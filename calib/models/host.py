@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from calib.errors import CalibError
+from calib.models.common import error_stat
 from calib.workload.host import SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
@@ -304,17 +306,9 @@ class Curves:
         return out
 
 
-def _pct(pred: float, measured: float) -> float:
-    return 100.0 * (pred - measured) / measured
-
-
-def _stats(errors: Sequence[float], method: str) -> dict:
-    abs_err = np.abs(errors) if len(errors) else np.array([np.nan])
-    return {"mape": float(np.mean(abs_err)), "max": float(np.max(abs_err)), "count": len(errors), "method": method}
-
-
-def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
-    """Fit and cross-validate on prepared runs (see the module docstring)."""
+def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostModel, dict]:
+    """Fit and cross-validate on prepared runs (see the module docstring); without `cross_validate`
+    the same costs and no error ({})."""
     if not runs:
         raise CalibError("host model: no training bundles to fit on")
     measured = [r.measured_s for r in runs]
@@ -340,12 +334,13 @@ def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
                         [r.measured_s for r in piped], SYNC_MAX_S)
             p2p_s = pc.fit()
     keys = [r.key for r in runs]
-    held_launch = lc.heldout(keys)
-    held_sync = sc.heldout([r.key for r in synced]) if sc else {}
-    held_p2p = pc.heldout([r.key for r in piped]) if pc else {}
+    held_launch = lc.heldout(keys) if cross_validate else {}
+    held_sync = sc.heldout([r.key for r in synced]) if sc and cross_validate else {}
+    held_p2p = pc.heldout([r.key for r in piped]) if pc and cross_validate else {}
     sync_of = {r.id: j for j, r in enumerate(synced)}
     p2p_of = {r.id: j for j, r in enumerate(piped)}
-    errors: list[float] = []
+    held_pred: list[float] = []
+    held_meas: list[float] = []
     per_run: list[dict] = []
     for i, r in enumerate(runs):
         j, k = sync_of.get(r.id), p2p_of.get(r.id)
@@ -355,17 +350,19 @@ def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
             so = held_sync.get(j, 0.0) if j is not None else 0.0
             po = held_p2p.get(k, 0.0) if k is not None else 0.0
             heldout = r.step(held_launch[i], so, po)
-            errors.append(_pct(heldout, r.measured_s))
+            held_pred.append(heldout)
+            held_meas.append(r.measured_s)
         per_run.append({
             "id": r.id, "config": r.key, "measured_s": r.measured_s, "launch_s": lc.roots[i],
             "sync_s": sc.roots[j] if sc is not None and j is not None else None, "syncs": r.syncs,
             "p2p_sync_s": pc.roots[k] if pc is not None and k is not None else None, "p2p_syncs": r.p2p_syncs,
             "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s, sync_s, p2p_s),
         })
-    err = _stats(errors, "leave-one-configuration-out: each configuration's simulated step at the launch and sync "
-                         "costs that minimise the mean absolute percent error over the other configurations' runs "
-                         "(kernel and network models as given; from the last round's simulations, each cost at the "
-                         "others' values when it was fitted)")
+    err = {} if not cross_validate else error_stat(
+        np.array(held_pred), np.array(held_meas),
+        "leave-one-configuration-out: each configuration's simulated step at the launch and sync costs that minimise "
+        "the mean absolute percent error over the other configurations' runs (kernel and network models as given; "
+        "from the last round's simulations, each cost at the others' values when it was fitted)").to_dict()
     src = _short([r.id for r in runs])
     model = HostModel(launch_s, sync_s, None, dict(SYNC_AFTER), per_run, p2p_sync_s=p2p_s if piped else None,
                       provenance={
@@ -382,6 +379,21 @@ def fit_runs(runs: Sequence[_Run]) -> tuple[HostModel, dict]:
     return model, err
 
 
+def _same_ops_once(predict: Callable[[pd.DataFrame], np.ndarray]) -> Callable[[pd.DataFrame], np.ndarray]:
+    """`predict` answering a repeated op table from memory: a run's generated step has the same ops
+    at every trial host cost, and predicting them took half of the host fit."""
+    last: list[tuple[pd.DataFrame, np.ndarray]] = []
+
+    def kernel_time(table: pd.DataFrame) -> np.ndarray:
+        if last and last[0][0].equals(table):
+            return last[0][1].copy()
+        out = np.asarray(predict(table), dtype=float)
+        last[:] = [(table.copy(), out)]
+        return out.copy()
+
+    return kernel_time
+
+
 def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     """The step-time function of one training bundle's generated configuration (module docstring)."""
     from calib.sim import simulate
@@ -396,30 +408,32 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     model, par = engine.model_of(spec), engine.parallel_of(spec)
     network, system = engine.replay_network(bundle, calibration)
     cache: dict[tuple[float, float, float], float] = {}
+    kernel_time = _same_ops_once(kernel_model.predict)
 
     def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
         key = (launch_s, sync_s, p2p_s)
         if key not in cache:
-            gen = generate(model, par, kernel_model.predict, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
+            gen = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
             cache[key] = simulate(gen.workload, network, system).step_time_s
         return cache[key]
 
-    probe = generate(model, par, kernel_model.predict, HostModel(0.0, 0.0))
+    probe = generate(model, par, kernel_time, HostModel(0.0, 0.0))
     p2p = sum(count_p2p_syncs(c.trace) for c in probe.workload.classes)
     syncs = sum(count_host(c.trace)[1] for c in probe.workload.classes) - p2p
     return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p)
 
 
-def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host: Any) -> tuple[HostModel, dict]:
+def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host: Any,
+             cross_validate: bool = True) -> tuple[HostModel, dict]:
     """Fit the host model on the training bundles among `bundles` (real GPU runs only); return it and
-    its cross-validated step-time error {mape, max, count, method} (percent)."""
+    its cross-validated step-time error {mape, max, count, method} (percent; {} without `cross_validate`)."""
     from calib.validation.measured import is_real_gpu
 
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
     runs = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
-    return fit_runs(runs)
+    return fit_runs(runs, cross_validate)
 
 
 def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:

@@ -23,10 +23,11 @@ class Prediction:
 
 
 def fit(bundles: list[Bundle]) -> object:
-    """calib.fit.fit_calibration on exactly these bundles."""
+    """calib.fit.fit_calibration on exactly these bundles, without the cross-validation of its models
+    (a held-out fit is scored on the run it left out; its own error estimates would be discarded)."""
     from calib.fit import fit_calibration
 
-    return fit_calibration(bundles)
+    return fit_calibration(bundles, cross_validate=False)
 
 
 def load_calibration(path: str) -> object:
