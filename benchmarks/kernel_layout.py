@@ -7,9 +7,9 @@ cannot tell them apart. Profiled kernels name it: PyTorch picks `vectorized_elem
 for contiguous aligned operands, `unrolled_elementwise_kernel` for unaligned or casting ones,
 `elementwise_kernel<...>` for strided or broadcast ones, and a reduction's block shape from the
 reduced axis. This script labels the memory-bound rows of `calib fit`'s kernel table that way
-(appended to `aten_op`, so shapes split by label and the residual sees it) and prints the same
-5-fold cross-validation as `calib fit`, without and with the label: the gain a generator that
-labels its memory ops could have.
+(appended to `aten_op`, so shapes split by label and the residual sees it) and prints the errors
+of `calib fit`'s own 5-fold cross-validation (calib.fit.fit_kernels), without and with the label:
+the gain a generator that labels its memory ops could have.
 
     python benchmarks/kernel_layout.py [BUNDLE_DIRS...]      # default: traces/h200
 """
@@ -48,23 +48,11 @@ def labelled(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def cross_validated(rows: pd.DataFrame, peaks: object) -> dict[str, tuple[int, float, float]]:
-    """Per class: (shapes, MAPE %, time-weighted MAPE %) of calib fit's 5-fold cross-validation."""
-    from calib.fit import roofline_scored
-    from calib.models.common import cross_validate
-    from calib.models.kernel import KernelModel, shape_folds, shape_table
+def cross_validated(rows: pd.DataFrame, peaks: object) -> dict[str, object]:
+    """calib fit's own kernel cross-validation (calib.fit.fit_kernels) on these rows: its errors."""
+    from calib.fit import FitOptions, fit_kernels
 
-    shapes, t, counts = shape_table(rows)
-    make = lambda: KernelModel(peaks=peaks, min_points=8)  # noqa: E731
-    pred = cross_validate(len(t), shape_folds(shapes, 5),
-                          lambda tr, te: make().fit(shapes.iloc[tr], t[tr]).predict(shapes.iloc[te]))
-    ok = np.isfinite(pred) & roofline_scored(shapes)
-    rel, w = np.abs(pred - t) / t, counts * t
-    cls = shapes["op_class"].astype(str).to_numpy()
-    out = {}
-    for c, sel in (("all", ok), ("memory", ok & (cls == "memory")), ("gemm", ok & (cls == "gemm"))):
-        out[c] = (int(sel.sum()), float(100 * rel[sel].mean()), float(100 * np.average(rel[sel], weights=w[sel])))
-    return out
+    return fit_kernels(rows, peaks, FitOptions())[1]  # type: ignore[arg-type]
 
 
 def main(argv: list[str]) -> int:
@@ -75,10 +63,12 @@ def main(argv: list[str]) -> int:
     bundles = select_bundles(load_bundles(argv or [str(ROOT / "traces" / "h200")]), FitOptions())
     rows, _ = kernel_rows(bundles)
     peaks = peaks_for_gpu(bundles[0].manifest.gpu.name)
-    print(f"{'':18} {'class':8} {'shapes':>6} {'MAPE %':>7} {'time-weighted %':>16}")
+    print(f"{'':18} {'kernels':24} {'shapes':>6} {'MAPE %':>7}")
     for what, table in (("as fitted", rows), ("with layout label", labelled(rows))):
-        for c, (n, mape, tw) in cross_validated(table, peaks).items():
-            print(f"{what:18} {c:8} {n:6d} {mape:7.2f} {tw:16.2f}")
+        errors = cross_validated(table, peaks)
+        for name in ("kernel", "kernel.memory", "kernel.gemm", "kernel.time_weighted"):
+            e = errors[name]
+            print(f"{what:18} {name:24} {e.count:6d} {e.mape:7.2f}")  # type: ignore[attr-defined]
     return 0
 
 

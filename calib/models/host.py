@@ -454,8 +454,9 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
     hosted = add_host_to_replay(base, 0.0, sync_s)
-    p2p = max(count_p2p_syncs(c.trace) for c in hosted.classes)
-    syncs = max(count_host(c.trace)[1] - count_p2p_syncs(c.trace) for c in hosted.classes)
+    per_class = [(count_host(c.trace)[1], count_p2p_syncs(c.trace)) for c in hosted.classes]
+    p2p = max(p for _, p in per_class)
+    syncs = max(s - p for s, p in per_class)
 
     def step(launch_s: float, sync: float, p2p_s: float) -> float:
         key = (launch_s, sync, p2p_s)
