@@ -229,7 +229,7 @@ def project(
     else:
         notes.append("no calibrated power model: energy and power are not reported")
 
-    band = error_band(calibration, step)
+    band = error_band(calibration, step, model.name)
     if band.get("missing"):
         notes.append(band["missing"])
 
@@ -307,8 +307,20 @@ def _activity_shares(gen: GeneratedStep, result: SimResult, stage: int, rep: int
     return shares
 
 
-def error_band(calibration: object | None, step_s: float) -> dict:
-    """Step-time band from the calibration's held-out validation, else from its per-model errors."""
+FAMILY_BAND_MIN_RUNS = 3  # held-out runs of the projected model's family before its own worst error is the band
+
+
+def model_family(name: str) -> str:
+    """"gpt3-175b" / "llama3-8b@L4,S2048" -> "gpt3" / "llama3": the preset family a run or projection is of."""
+    return str(name).split("@")[0].split("-")[0].lower()
+
+
+def error_band(calibration: object | None, step_s: float, model_name: str | None = None) -> dict:
+    """Step-time band from the calibration's held-out validation, else from its per-model errors.
+
+    The band is the worst held-out error over the validated runs of the projected model's family
+    (gpt3, llama3, mixtral) where the validation has at least FAMILY_BAND_MIN_RUNS of them, else
+    over all runs; the figure over all runs is always given beside it (`all_pct`)."""
     if calibration is None:
         return {"low": None, "high": None, "pct": None, "from": "none: uncalibrated projection",
                 "missing": "no calibration: no error band"}
@@ -319,11 +331,17 @@ def error_band(calibration: object | None, step_s: float) -> dict:
         runs = val.get("heldout_count") or len(val.get("runs") or [])
         configs = val.get("heldout_configs")
         over = f"{runs} measured run(s)" + (f" of {configs} configuration(s)" if configs else "")
-        return {
-            "low": step_s * (1 - pct / 100), "high": step_s * (1 + pct / 100), "pct": pct,
-            "mape_pct": val.get("heldout_mape"),
-            "from": f"validation.heldout_max: worst held-out step-time error over {over}",
-        }
+        band = {"pct": pct, "mape_pct": val.get("heldout_mape"), "all_pct": pct,
+                "from": f"validation.heldout_max: worst held-out step-time error over {over}"}
+        fam = model_family(model_name) if model_name else ""
+        errs = [abs(float(r["error_pct"])) for r in val.get("runs") or []
+                if r.get("kind") == "heldout" and r.get("error_pct") is not None and r.get("model")
+                and model_family(r["model"]) == fam]
+        if fam and len(errs) >= FAMILY_BAND_MIN_RUNS:
+            band.update(pct=max(errs), mape_pct=float(np.mean(errs)), family=fam,
+                        **{"from": f"worst held-out step-time error over the {len(errs)} measured {fam} run(s) "
+                                   f"(all families: {pct:.1f}% over {over})"})
+        return {"low": step_s * (1 - band["pct"] / 100), "high": step_s * (1 + band["pct"] / 100), **band}
     errors = getattr(calibration, "errors", None) or {}
     worst = None
     used = []

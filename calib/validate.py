@@ -71,7 +71,8 @@ def _run_error(b: Bundle, kind: str, measured: object, predicted: float | None, 
         run=b.id, config=spec.key(), model=model_name(spec), gpus=spec.tp * spec.pp * spec.dp,
         tp=spec.tp, pp=spec.pp, dp=spec.dp, ep=spec.ep, parallelism=parallelism_type(spec), kind=kind,
         measured_step_s=measured.time_s, measured_steps=measured.steps, predicted_step_s=predicted,
-        error_pct=relative_error_pct(predicted, measured.time_s), **kw,  # type: ignore[arg-type]
+        error_pct=relative_error_pct(predicted, measured.time_s),
+        measured_spread=getattr(measured, "spread", None), **kw,  # type: ignore[arg-type]
     )
 
 
@@ -485,7 +486,7 @@ def write_validation_section(path: Path, report: ValidationReport) -> None:
         "in_sample_mape": s.get("in_sample_mape"), "in_sample_max": s.get("in_sample_max"),
         "method": "leave-one-configuration-out over the real GPU training bundles (calib validate)",
         "runs": [
-            {"run": r.run, "kind": r.kind, "measured_step_s": r.measured_step_s,
+            {"run": r.run, "kind": r.kind, "model": r.model, "measured_step_s": r.measured_step_s,
              "predicted_step_s": r.predicted_step_s, "error_pct": r.error_pct}
             for r in report.runs
         ],

@@ -117,6 +117,19 @@ def test_collectives_on_gloo(tmp_path: Path) -> None:
     # nccl-tests: algbw = bytes / time (GB = 1e9 B); 2 ranks: all-reduce busbw = algbw x 2(n-1)/n = algbw
     assert ar.algbw_gbps == pytest.approx(65536 / ar.time_s / 1e9)
     assert ar.busbw_gbps == pytest.approx(ar.algbw_gbps)
+    assert b.manifest.notes["iters"] == 1 and "around one collective" in b.manifest.notes["timing"]
+
+
+def test_collectives_timed_back_to_back(tmp_path: Path) -> None:
+    from measure.collectives import measure_collectives
+
+    out = measure_collectives(tmp_path / "loop", 2, device="cpu", sizes=[1024], kinds=["all_reduce"], warmup=0,
+                              repeats=2, master_port=29843, iters=4)
+    b = read_bundle(out)
+    assert b.manifest.notes["iters"] == 4 and "4 back-to-back collectives, divided by 4" in b.manifest.notes["timing"]
+    assert (b.table("collectives")["time_s"] > 0).all()
+    with pytest.raises(CalibError, match="iters >= 1"):
+        measure_collectives(tmp_path / "bad", 2, device="cpu", sizes=[1024], iters=0)
 
 
 def test_cpu_bundle_in_tests_data_is_readable() -> None:

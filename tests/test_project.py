@@ -102,6 +102,25 @@ def test_error_band_from_validation(calibration) -> None:
     assert "held-out" in r.error_band["from"]
 
 
+def test_error_band_is_the_projected_familys_worst_held_out_run(calibration) -> None:
+    import dataclasses
+
+    runs = [{"run": f"g{i}", "kind": "heldout", "model": "gpt3-13b@L4", "error_pct": e} for i, e in enumerate((2.0, -4.5, 3.0))]
+    runs += [{"run": "m", "kind": "heldout", "model": "mixtral-8x7b@L2,S2048", "error_pct": 30.0},
+             {"run": "g0", "kind": "replay", "model": "gpt3-13b@L4", "error_pct": 9.0}]
+    val = {"heldout_mape": 9.9, "heldout_max": 30.0, "heldout_count": 4, "runs": runs}
+    cal = dataclasses.replace(calibration, validation=val)
+    par = ParallelConfig(tp=2, pp=2, dp=2, global_batch=16)
+    gpt = project(resolve_model("gpt3-1.3b"), par, load_cluster("h200-8"), cal)
+    assert gpt.error_band["pct"] == 4.5 and gpt.error_band["family"] == "gpt3" and gpt.error_band["all_pct"] == 30.0
+    assert gpt.error_band["high"] == pytest.approx(gpt.step_time_s * 1.045)
+    assert "3 measured gpt3 run(s)" in gpt.error_band["from"] and "all families: 30.0%" in gpt.error_band["from"]
+    # Fewer than three held-out runs of its family (one Mixtral run): the worst over all runs.
+    moe = project(resolve_model("mixtral-8x7b"), ParallelConfig(tp=1, ep=2, dp=2, pp=2, global_batch=16),
+                  load_cluster("h200-8"), cal)
+    assert moe.error_band["pct"] == 30.0 and "family" not in moe.error_band
+
+
 def test_gpu_mismatch_refused_unless_allowed(calibration) -> None:
     model, par, h100 = resolve_model("gpt3-1.3b"), ParallelConfig(tp=8, global_batch=8), load_cluster("dgx-h100")
     with pytest.raises(CalibError, match="fitted on NVIDIA H200 but cluster dgx-h100 has H100"):

@@ -54,6 +54,7 @@ def test_measured_step_is_median_over_steps_of_slowest_rank(tmp_path: Path) -> N
     ms = measured_step(b)
     assert ms.time_s == pytest.approx(1.1)
     assert ms.steps == 5
+    assert ms.spread == pytest.approx((2.28 - 1.02) / 1.1)  # (p90 - p10) / median, linear percentiles
     assert not is_real_gpu(b)
 
 
@@ -168,6 +169,7 @@ def test_reports_are_written_with_embedded_plots(tmp_path: Path) -> None:
     runs = [_run("a", HELDOUT, 1.0, 1.02, "TP"), _run("b", HELDOUT, 2.0, 1.9, "TP+DP"),
             _run("a", REPLAY, 1.0, 0.99, "TP"), _run("b", REPLAY, 2.0, None, "TP+DP")]
     runs[-1].note = "bundle has no converted ETs"
+    runs[0].measured_spread = 0.2345
     rep = ValidationReport(runs=runs, models=[], summary=summarize(runs, 2), calibration={"path": "c.yaml"},
                            thresholds={"heldout": {"mean_pct": 4.0}}, goals={"heldout": {"mean_pct": 3.0}})
     paths = write_reports(rep, tmp_path / "reports")
@@ -182,6 +184,7 @@ def test_reports_are_written_with_embedded_plots(tmp_path: Path) -> None:
     md = paths["md"].read_text()
     assert "| held-out | 3.50% | 5.00% | 2 | 2 |" in md and "goal: mean 3%" in md
     assert "bundle has no converted ETs" in markdown(rep)
+    assert "| 1000.00 (10) | 23.45% | 1020.00 |" in md and data["runs"][0]["measured_spread"] == 0.2345
     assert not list((tmp_path / "reports").glob(".*tmp*"))  # no temp files left behind
 
 

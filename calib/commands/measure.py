@@ -97,6 +97,7 @@ def collectives(
     factor: int = typer.Option(4, "--factor", help="size step"),
     group_sizes: str = typer.Option("2,4,8", "--group-sizes"),
     warmup: int = typer.Option(5, "--warmup"), repeats: int = typer.Option(20, "--repeats"),
+    iters: int = typer.Option(1, "--iters", help="back-to-back collectives per timed window (1: one call on an idle GPU, launch floor included, as the committed calibration data; 20: nccl-tests' way)"),
     device: str = typer.Option("cuda", "--device"), master_port: int = typer.Option(29700, "--master-port"),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
@@ -108,7 +109,7 @@ def collectives(
     sizes = default_sizes(min_bytes, max_bytes, factor)
     gs = _int_list(group_sizes, "--group-sizes")
     _summary(measure_collectives(out, n, device, sizes, [k.strip() for k in kinds.split(",") if k.strip()], gs,
-                                 warmup, repeats, master_port, overwrite=overwrite))
+                                 warmup, repeats, master_port, overwrite=overwrite, iters=iters))
 
 
 @measure_app.command("kernels")

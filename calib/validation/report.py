@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, ValidationReport
+from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, RunError, ValidationReport
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample"}
 KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray"}
@@ -35,6 +35,10 @@ def _pct(v: float | None, signed: bool = False) -> str:
     if v is None or not math.isfinite(v):
         return "n/a"
     return f"{v:+.2f}%" if signed else f"{v:.2f}%"
+
+
+def _spread(r: RunError) -> str:
+    return _pct(None if r.measured_spread is None else 100 * r.measured_spread)
 
 
 def _ms(v: float | None) -> str:
@@ -94,7 +98,8 @@ def markdown(report: ValidationReport) -> str:
         f"{s.get('real_bundles', 0)} real GPU training bundles; {report.wall_s:.1f} s.",
         "",
         "Step-time error = (predicted - measured) / measured. Measured = median over the measured, "
-        "unprofiled steps of the slowest rank's step time.",
+        "unprofiled steps of the slowest rank's step time; spread = (p90 - p10) / median of those steps, "
+        "the measurement's own step-to-step variation.",
         "",
         "| kind | mean abs error | max abs error | runs | configurations | threshold (goal, not enforced) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -105,13 +110,14 @@ def markdown(report: ValidationReport) -> str:
         lines += ["## Threshold violations", "", *(f"- {v}" for v in report.violations), ""]
     lines += [
         "## Runs", "",
-        "| run | kind | model | GPUs | TP/PP/DP/EP | measured ms (steps) | predicted ms | error | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| run | kind | model | GPUs | TP/PP/DP/EP | measured ms (steps) | spread | predicted ms | error | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
         lines.append(
             f"| {r.run} | {KIND_LABEL.get(r.kind, r.kind)} | {r.model} | {r.gpus} | {r.tp}/{r.pp}/{r.dp}/{r.ep} | "
-            f"{_ms(r.measured_step_s)} ({r.measured_steps}) | {_ms(r.predicted_step_s)} | "
+            f"{_ms(r.measured_step_s)} ({r.measured_steps}) | "
+            f"{_spread(r)} | {_ms(r.predicted_step_s)} | "
             f"{_pct(r.error_pct, signed=True)} | {_cell(r.note)} |"
         )
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
@@ -277,10 +283,10 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
         b64 = base64.b64encode(data).decode()
         body.append(f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{b64}">')
     body.append("<h2>Runs</h2><table><tr><th>run</th><th>kind</th><th>model</th><th>GPUs</th><th>TP/PP/DP/EP</th>"
-                "<th>measured ms (steps)</th><th>predicted ms</th><th>error</th><th>note</th></tr>")
+                "<th>measured ms (steps)</th><th>spread</th><th>predicted ms</th><th>error</th><th>note</th></tr>")
     for r in sorted(report.runs, key=lambda r: (r.run, r.kind)):
         cells = (r.run, KIND_LABEL.get(r.kind, r.kind), r.model, str(r.gpus), f"{r.tp}/{r.pp}/{r.dp}/{r.ep}",
-                 f"{_ms(r.measured_step_s)} ({r.measured_steps})", _ms(r.predicted_step_s),
+                 f"{_ms(r.measured_step_s)} ({r.measured_steps})", _spread(r), _ms(r.predicted_step_s),
                  _pct(r.error_pct, signed=True), r.note)
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     body.append("</table><h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"

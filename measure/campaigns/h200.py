@@ -74,6 +74,13 @@ ONE_GPU = [s[0] for s in TRAININGS[-6:]]
 # Round 4 re-measured these with the converter that keeps pipeline send/recv (the round 1-3 ETs lack them).
 PP_RERUN = ["llama8b-pp4-rcfull", "llama8b-pp2vpp2dp2", "llama8b-tp2pp2", "gpt13b-pp2-rcfull", "gpt6.7b-pp2-mbs2"]
 
+# Round 5 (a 2 x H200 lease): the steepest MoE run again with 30 measured steps and its raw traces
+# kept, to see its step-to-step spread (10 steps spanned 190-244 ms), and the 2-GPU collectives timed
+# nccl-tests' way (back-to-back calls per event pair, measure/collectives.py).
+ROUND5_STEPS = {"mixtral-tp2-sp-rcsel-s30": 30}
+TRAININGS.append(("mixtral-tp2-sp-rcsel-s30", MIX, 2, 1, 1, 1, 1, 4, "selective", ["--sequence-parallel", "--keep-raw"]))
+ROUND5 = ["collectives-2gpu-loop", *ROUND5_STEPS]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -103,7 +110,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     by_id = {s[0]: s for s in TRAININGS}
 
     def t(rid: str) -> Job:
-        return train_job(by_id[rid], out, warmup, steps, convert, timeout)
+        return train_job(by_id[rid], out, warmup, ROUND5_STEPS.get(rid, steps), convert, timeout)
 
     # Order = priority: whatever the budget cuts is at the end. Runs of the whole host first, then
     # smaller runs side by side on disjoint GPUs, the kernel bench on one GPU beside them.
@@ -127,6 +134,9 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
                                 "llama8b-dp4-distopt"]]
     jobs += [t(r) for r in ROUND3]
     jobs += [t(r) for r in ONE_GPU]
+    jobs.append(Job("collectives-2gpu-loop", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop"), "--factor", "2",
+                                                 "--group-sizes", "2", "--iters", "20"], est_s=90, timeout_s=300))
+    jobs += [t(r) for r in ROUND5_STEPS]
     return jobs
 
 
