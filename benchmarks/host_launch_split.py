@@ -9,7 +9,8 @@ between runs would make them agree (a smaller coefficient of variation at some r
     python benchmarks/host_launch_split.py phase 1,0.75,0.5 mixtral-tp2-sp-rcsel llama8b-tp2 ...
 
 Splits: `foreach` charges the second and later kernels of one `_foreach_` optimizer call at the
-ratio (multi-tensor kernels of one Python call); `phase` charges the backward's kernels at the ratio
+ratio (multi-tensor kernels of one Python call); `gemm` charges the GEMM launches (aten::mm, bmm,
+baddbmm, ...) at the ratio (a linear layer's Python module call against a bare elementwise op); `phase` charges the backward's kernels at the ratio
 (from the first op named *backward* up to the next forward norm, embedding or optimizer op: the
 autograd engine's thread launches them, the Python thread the rest, recomputed forwards included).
 """
@@ -63,7 +64,15 @@ def backward_phase(trace: ExecutionTrace) -> set[int]:
     return out
 
 
-SPLITS: dict[str, Callable[[ExecutionTrace], set[int]]] = {"foreach": foreach_rest, "phase": backward_phase}
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+
+
+def gemm_launches(trace: ExecutionTrace) -> set[int]:
+    return {lid for lid, op in launches_in_order(trace) if op.startswith(GEMM_OPS)}
+
+
+SPLITS: dict[str, Callable[[ExecutionTrace], set[int]]] = {"foreach": foreach_rest, "phase": backward_phase,
+                                                           "gemm": gemm_launches}
 
 
 def needed_costs(run_id: str, split: str, ratios: list[float], cal: Calibration) -> tuple[float, list[float]]:
