@@ -331,16 +331,17 @@ def error_band(calibration: object | None, step_s: float, model_name: str | None
         runs = val.get("heldout_count") or len(val.get("runs") or [])
         configs = val.get("heldout_configs")
         over = f"{runs} measured run(s)" + (f" of {configs} configuration(s)" if configs else "")
-        band = {"pct": pct, "mape_pct": val.get("heldout_mape"), "all_pct": pct,
-                "from": f"validation.heldout_max: worst held-out step-time error over {over}"}
         fam = model_family(model_name) if model_name else ""
         errs = [abs(float(r["error_pct"])) for r in val.get("runs") or []
                 if r.get("kind") == "heldout" and r.get("error_pct") is not None and r.get("model")
                 and model_family(r["model"]) == fam]
         if fam and len(errs) >= FAMILY_BAND_MIN_RUNS:
-            band.update(pct=max(errs), mape_pct=float(np.mean(errs)), family=fam,
-                        **{"from": f"worst held-out step-time error over the {len(errs)} measured {fam} run(s) "
-                                   f"(all families: {pct:.1f}% over {over})"})
+            band = {"pct": max(errs), "mape_pct": float(np.mean(errs)), "all_pct": pct, "family": fam,
+                    "from": f"worst held-out step-time error over the {len(errs)} measured {fam} run(s) "
+                            f"(all families: {pct:.1f}% over {over})"}
+        else:
+            band = {"pct": pct, "mape_pct": val.get("heldout_mape"), "all_pct": pct,
+                    "from": f"validation.heldout_max: worst held-out step-time error over {over}"}
         return {"low": step_s * (1 - band["pct"] / 100), "high": step_s * (1 + band["pct"] / 100), **band}
     errors = getattr(calibration, "errors", None) or {}
     worst = None

@@ -72,7 +72,7 @@ def _run_error(b: Bundle, kind: str, measured: object, predicted: float | None, 
         tp=spec.tp, pp=spec.pp, dp=spec.dp, ep=spec.ep, parallelism=parallelism_type(spec), kind=kind,
         measured_step_s=measured.time_s, measured_steps=measured.steps, predicted_step_s=predicted,
         error_pct=relative_error_pct(predicted, measured.time_s),
-        measured_spread=getattr(measured, "spread", None), **kw,  # type: ignore[arg-type]
+        measured_spread=measured.spread, **kw,  # type: ignore[arg-type]
     )
 
 

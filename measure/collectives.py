@@ -93,6 +93,7 @@ def _bench(args: dict) -> None:
     for n in args["group_sizes"]:
         if n <= world:
             groups[n] = dist.new_group(list(range(n))) if n < world else dist.group.WORLD
+    iters = int(args.get("iters", 1))  # collectives per timed window
     results = []
 
     def clock() -> tuple:
@@ -118,7 +119,6 @@ def _bench(args: dict) -> None:
                 if member:
                     op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
                     times = []
-                    iters = int(args.get("iters", 1))
                     for i in range(args["warmup"] + args["repeats"]):
                         dist.barrier(group=group)
                         if cuda:
