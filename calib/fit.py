@@ -45,6 +45,7 @@ from calib.models.network import (
 from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
+from calib.ops import kernel_layout
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -130,9 +131,20 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
         if not df.empty:
             # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
             # that floor apart from the profiled steps' (back-to-back kernels).
-            frames.append(df.assign(bundle=b.id, source="bench" if b.manifest.kind == "kernels" else "trace"))
+            bench = b.manifest.kind == "kernels"
+            frames.append(df.assign(bundle=b.id, source="bench" if bench else "trace",
+                                    layout=memory_layouts(df, bench)))
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
+
+
+def memory_layouts(kernels: pd.DataFrame, bench: bool) -> np.ndarray:
+    """Per kernel row, its memory-bound operand layout (calib.ops.kernel_layout of its kernel name),
+    "" for other classes and for microbenchmark rows (named by their case, not by a kernel)."""
+    if bench:
+        return np.full(len(kernels), "", dtype=object)
+    memory = kernels["op_class"].astype(str).to_numpy() == "memory"
+    return np.where(memory, kernels["name"].map(kernel_layout).to_numpy(dtype=object), "")
 
 
 def roofline_scored(shapes: pd.DataFrame) -> np.ndarray:

@@ -236,3 +236,35 @@ def test_residual_fades_out_beyond_the_measured_work() -> None:
     ratio = np.log(model.predict(inside) / model._predict_curves(inside))
     lo, top = model.residual_["clip"]
     assert np.all((ratio >= lo - 1e-9) & (ratio <= top + 1e-9)) and np.abs(ratio).max() > 0.01
+
+
+def test_memory_ops_are_timed_by_their_layout() -> None:
+    """Two layouts of one aten op at the same bytes, 3x apart (a reduction over the inner or the outer
+    axis): each is predicted at its own time on held-out sizes; an op without a layout is timed by
+    the family as a whole, between the two."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for nb in 2 ** rng.uniform(20, 30, 80):
+        for layout, slow in (("reduce128x4", 1.0), ("reduce512x1", 3.0)):
+            rows.append({"op_class": "memory", "aten_op": "aten::sum", "bytes": float(int(nb)), "flops": 0.0,
+                         "dtype": "bfloat16", "layout": layout, "time_s": 2e-6 + slow * nb / 3.0e12})
+    base = kernel_frame(seed=0)
+    shapes, t, _ = shape_table(pd.concat([base, pd.DataFrame(rows)], ignore_index=True))
+    model = KernelModel(peaks=PEAKS["H200"]).fit(shapes, t)
+    nb = 3.0e8
+    probe = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::sum", "bytes": nb, "flops": 0.0, "dtype": "bfloat16",
+                           "layout": layout} for layout in ("reduce128x4", "reduce512x1", "")])
+    fast, slow, unknown = model.predict(probe)
+    assert fast == pytest.approx(2e-6 + nb / 3.0e12, rel=0.1)
+    assert slow == pytest.approx(2e-6 + 3 * nb / 3.0e12, rel=0.1)
+    assert fast < unknown < slow
+    again = KernelModel.from_dict(yaml.safe_load(yaml.safe_dump(model.to_dict())))
+    assert np.allclose(again.predict(probe), model.predict(probe))
+
+
+def test_layouts_split_one_shape_in_two() -> None:
+    rows = pd.DataFrame([{"op_class": "memory", "aten_op": "aten::copy_", "bytes": 1e8, "flops": 0.0, "dtype": "bfloat16",
+                          "layout": layout, "time_s": t} for layout, t in (("memcpy", 40e-6), ("strided", 90e-6))])
+    shapes, t, counts = shape_table(rows)
+    assert sorted(t.tolist()) == [40e-6, 90e-6] and counts.tolist() == [1, 1]
+    assert shape_table(rows.drop(columns=["layout"]))[2].tolist() == [2]

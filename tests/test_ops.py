@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calib.ops import classify, parse_dtype
+from calib.ops import classify, kernel_layout, parse_dtype
 
 BF16 = "Tensor(c10::BFloat16)"
 
@@ -90,3 +90,21 @@ def test_every_gemm_of_the_mcore_sample_is_classified(samples: Path) -> None:
 @pytest.mark.parametrize("name", ["aten::native_layer_norm", "aten::gelu", "aten::copy_", "aten::native_dropout"])
 def test_memory_bound_names(name: str) -> None:
     assert classify(name, [[16, 16]], [BF16]).op_class == "memory"
+
+
+@pytest.mark.parametrize(("kernel", "layout"), [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>(int)", "contiguous"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>(int)", "unrolled"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<...>>(int)", "strided"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ...>, unsigned int, float, 4, 4>>()", "reduce512x1"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, ...>>()", "reduce128x4"),
+    ("Memcpy DtoD (Device -> Device)", "memcpy"),
+    ("Memcpy DtoH (Device -> Pinned)", "dtoh"),
+    ("Memcpy HtoD (Pageable -> Device)", "htod"),
+    ("Memset (Device)", "memset"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", ""),
+    ("copy/1048576", ""),
+    (None, ""),
+])
+def test_kernel_layout_from_the_kernel_name(kernel: object, layout: str) -> None:
+    assert kernel_layout(kernel) == layout

@@ -398,3 +398,55 @@ def test_expert_parameters_have_their_own_gradient_norm() -> None:
     assert reads == {"optimizer.grad_norm.read": 4, "optimizer.grad_norm": 1,
                      "optimizer.expert_grad_norm.read": 2, "optimizer.expert_grad_norm": 1}
     assert all(name in SYNC_AFTER for name in reads)
+
+
+def test_memory_ops_carry_the_layout_of_their_role() -> None:
+    """Every role in MEMOP_LAYOUT is one the generator emits (no stale entry), its layout is one
+    calib.ops.kernel_layout names, and the op records the kernel model gets carry it."""
+    import re
+
+    from calib.ops import LAYOUTS
+    from calib.workload.ops import MEMOP_LAYOUT
+
+    roles: set[str] = set()
+    for name, par in (("llama3-8b@L2", ParallelConfig(tp=2, pp=2, global_batch=4, recompute="selective")),
+                      ("gpt3-1.3b@L2", ParallelConfig(tp=2, dp=2, global_batch=4, sequence_parallel=True)),
+                      ("mixtral-8x7b@L2", ParallelConfig(tp=2, ep=2, dp=2, global_batch=4, sequence_parallel=True)),
+                      ("mixtral-8x7b@L2", ParallelConfig(ep=2, dp=2, global_batch=4)),
+                      ("gpt3-1.3b@L2", ParallelConfig(micro_batch=2, global_batch=4, recompute="full"))):
+        gen = generate(resolve_model(name), par, roofline)
+        for stage in range(par.pp):
+            for op in gen.op_counts(stage):
+                if op.op_class == "memory":
+                    role = re.sub(r"\d+", "#", op.name.removeprefix("recompute."))
+                    roles.add(role)
+                    assert op.layout == MEMOP_LAYOUT.get(role, ""), op
+                    assert op.record()["layout"] == op.layout
+    assert set(MEMOP_LAYOUT) <= roles, sorted(set(MEMOP_LAYOUT) - roles)
+    assert all(v in LAYOUTS or re.fullmatch(r"reduce\d+x\d+", v) for v in MEMOP_LAYOUT.values())
+
+
+def test_memop_layouts_agree_with_profiled_steps() -> None:
+    """benchmarks/memop_layouts.py on two committed H200 runs (dense with GQA and RoPE; MoE with TP and
+    EP): no role's listed layout differs from the one its profiled kernels ran with most."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from memop_layouts import profiled_layouts
+
+    from calib.bundle.io import read_bundle
+    from calib.calibration import Calibration
+    from calib.workload.ops import MEMOP_LAYOUT
+
+    cal = Calibration.load(ROOT / "calib" / "data" / "calibration-h200.yaml")
+    runs = [read_bundle(ROOT / "traces" / "h200" / r) for r in ("llama8b-tp2", "mixtral-tp2ep2-sp")]
+    table = profiled_layouts(runs, cal)
+    checked = 0
+    for (role, _), e in table.items():
+        seen = e["profiled"] or e["near"]
+        if role in MEMOP_LAYOUT and seen:
+            assert seen.most_common(1)[0][0] == MEMOP_LAYOUT[role], (role, dict(seen))
+            checked += 1
+    assert checked > 60

@@ -12,7 +12,9 @@ linear in z, both CLAMPED to the measured range. Inside the range g follows the 
 the efficiency of the nearest measured end is kept, so a full-size GEMM is predicted at the
 efficiency of the largest measured one (time grows with its FLOPs). t0 is a fitted per-class
 floor (launch and tail latency); offset is a per-aten-op constant in log space, shrunk toward 0
-(an op never measured gets 0: the class curve). The reported `efficiency` is the work term's roofline/time at
+(an op never measured gets 0: the class curve). A memory-bound op is keyed by its family and its
+operand layout (`layout`, calib.ops.kernel_layout: the same bytes take 2-3x longer strided than
+contiguous), with the family over all layouts standing in for an op that comes without one. The reported `efficiency` is the work term's roofline/time at
 the largest measured work.
 
 Rows without any work (an "other" op whose FLOPs and bytes are unknown) are predicted by the
@@ -46,7 +48,8 @@ FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "
 MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves
 OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
 # `source` is "bench" for kernel-microbenchmark rows and "trace" (or absent) for profiled steps.
-SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source"]
+SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source", "layout"]
+_STRING_COLUMNS = ("op_class", "aten_op", "dtype", "source", "layout")
 
 
 _GEMM_FAMILY = {"addmm": "mm", "linear": "mm", "matmul": "mm", "baddbmm": "bmm", "addbmm": "bmm"}
@@ -89,6 +92,12 @@ def op_family(aten_op: str) -> str:
     and GEMMs with a fused add share the plain one (addmm = mm, baddbmm = bmm)."""
     name = str(aten_op or "").removeprefix("aten::").strip("_")
     return _GEMM_FAMILY.get(name, name)
+
+
+def layout_family(family: str, layout: str, op_class: str) -> str:
+    """A memory-bound op family split by operand layout ("copy#strided"): curves, offsets and the
+    residual learn each layout apart, and an op without a layout is timed by its whole family."""
+    return f"{family}#{layout}" if layout and op_class == "memory" else family
 
 
 def _col(df: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
@@ -139,17 +148,19 @@ class KernelModel(BaseEstimator, RegressorMixin):
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(work > 0, np.log10(np.maximum(work, 1.0)), np.nan)
             z = np.where((flops > 0) & (nbytes > 0), np.log10(np.maximum(flops, 1.0) / np.maximum(nbytes, 1.0)), 0.0)
-        aten = np.array([op_family(a) for a in _str_col(X, "aten_op")], dtype=object)
+        base = np.array([op_family(a) for a in _str_col(X, "aten_op")], dtype=object)
+        aten = np.array([layout_family(f, lay, c) for f, lay, c in zip(base, _str_col(X, "layout"), classes,
+                                                                         strict=True)], dtype=object)
         # Multi-tensor-apply ops (torch's _foreach_*) launch one kernel per fixed-size chunk of their
         # tensor list, and indexing ops touch a few rows of tensors whose full size is in `bytes`:
         # a kernel's time does not follow the bytes, so they are timed per kernel by their
         # measured median (as ops without work are).
-        multi = np.array([a.startswith("foreach_") or a in BYTES_NOT_TRAFFIC for a in aten], dtype=bool)
+        multi = np.array([a.startswith("foreach_") or a in BYTES_NOT_TRAFFIC for a in base], dtype=bool)
         xb = np.where(nbytes > 0, np.log10(np.maximum(nbytes, 1.0)), np.nan)
         x = np.where(multi, np.nan, x)
         bench = _str_col(X, "source") == "bench"
-        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "bench": bench,
-                "xb": xb}
+        return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "base": base,
+                "bench": bench, "xb": xb}
 
     # ---- fitting -------------------------------------------------------------------------
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> KernelModel:
@@ -175,9 +186,10 @@ class KernelModel(BaseEstimator, RegressorMixin):
                         self.groups_[f"{cls}/{dt}"] = self._fit_group(f, y, sub, cls)
                 if self.split_ops:
                     # An op family measured at enough distinct sizes gets its own curve: elementwise,
-                    # softmax, copies and fused multi-tensor ops scale differently with bytes.
-                    for op in sorted(set(f["aten"][sel].tolist()) - {""}):
-                        sub = sel & (f["aten"] == op)
+                    # softmax, copies and fused multi-tensor ops scale differently with bytes. A
+                    # family split by layout also gets one over all its layouts.
+                    for op in sorted((set(f["aten"][sel].tolist()) | set(f["base"][sel].tolist())) - {""}):
+                        sub = sel & ((f["aten"] == op) | (f["base"] == op))
                         if sub.sum() >= self.min_points and sub.sum() < sel.sum():
                             self.groups_[f"{cls}:{op}"] = self._fit_group(f, y, sub, cls)
                             for dt in sorted(set(f["dtypes"][sub].tolist())):
@@ -187,8 +199,8 @@ class KernelModel(BaseEstimator, RegressorMixin):
             unsized = in_cls & ~sized
             if unsized.any():
                 self.constants_[cls] = float(np.median(y[unsized]))
-                for op in sorted(set(f["aten"][unsized].tolist()) - {""}):
-                    one = unsized & (f["aten"] == op)
+                for op in sorted((set(f["aten"][unsized].tolist()) | set(f["base"][unsized].tolist())) - {""}):
+                    one = unsized & ((f["aten"] == op) | (f["base"] == op))
                     self.constants_[f"{cls}/{op}"] = float(np.median(y[one]))
                     with_bytes = one & np.isfinite(f["xb"])
                     if len(np.unique(np.round(f["xb"][with_bytes], 3))) >= 4:
@@ -210,11 +222,11 @@ class KernelModel(BaseEstimator, RegressorMixin):
             idx = np.flatnonzero(sized)[ok]
             r = np.log(y[idx] / base[ok])
             sms = self.peaks.sm_count if self.peaks is not None else 132
-            self.residual_ = fit_residual(X.iloc[idx], f["aten"][idx], r, sms)
+            self.residual_ = fit_residual(X.iloc[idx], f["aten"][idx], r, sms, f["base"][idx])
         return self
 
     def _fit_group(self, f: dict, y: np.ndarray, sel: np.ndarray, cls: str) -> dict:
-        x, z, roof, yy, ops = f["x"][sel], f["z"][sel], f["roof"][sel], y[sel], f["aten"][sel]
+        x, z, roof, yy, ops, bases = f["x"][sel], f["z"][sel], f["roof"][sel], y[sel], f["aten"][sel], f["base"][sel]
         knots = choose_knots(x, self.max_segments)
         use_z = cls in COMPUTE_CLASSES and np.ptp(z) > 0.05
         zr = [float(z.min()), float(z.max())] if use_z else [0.0, 0.0]
@@ -243,9 +255,17 @@ class KernelModel(BaseEstimator, RegressorMixin):
             best = min([best] + [trial(best[1], fr * lo_b) for fr in grid], key=lambda r: r[0])
             best = min([best] + [trial(fr * lo_t, best[2]) for fr in grid], key=lambda r: r[0])
         _, t0, tb, coef, off = best
+        offsets = {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}
+        # An op family seen only split by layout gets the count-weighted mean of its layouts' offsets,
+        # for ops that come without a layout.
+        counts = np.bincount(idx, minlength=len(names))
+        for fam in sorted(set(bases.tolist()) - set(names) - {""}):
+            mine = [i for i, n in enumerate(names) if n.split("#")[0] == fam]
+            pooled = float(np.average(off[mine], weights=counts[mine])) if mine else 0.0
+            if abs(pooled) > 1e-9:
+                offsets[fam] = pooled
         group = {"t0_s": t0, "t0_bench_s": tb, "knots": [float(k) for k in knots], "coef": [float(c) for c in coef],
-                 "z_range": zr, "use_z": bool(use_z), "count": int(sel.sum()),
-                 "op_offsets": {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}}
+                 "z_range": zr, "use_z": bool(use_z), "count": int(sel.sum()), "op_offsets": offsets}
         g_top = float((self._design(np.array([knots[-1]]), np.array([zr[1]]), knots, zr, use_z) @ coef)[0])
         group["efficiency"] = float(math.exp(-g_top))
         # Was the largest measured kernel throughput-bound (work term at least twice the floor)?
@@ -268,9 +288,10 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 return self.groups_[key]
         return None
 
-    def _groups_for(self, cls: str, dtype: str, op: str) -> list[dict]:
-        """Curves that may predict this op, most specific first."""
-        keys = (f"{cls}:{op}/{dtype}", f"{cls}:{op}", f"{cls}/{dtype}", cls, FALLBACK.get(cls, ""))
+    def _groups_for(self, cls: str, dtype: str, op: str, base: str = "") -> list[dict]:
+        """Curves that may predict this op, most specific first (its layout's, its family's, its class's)."""
+        keys = (f"{cls}:{op}/{dtype}", f"{cls}:{op}", f"{cls}:{base}/{dtype}", f"{cls}:{base}", f"{cls}/{dtype}", cls,
+                FALLBACK.get(cls, ""))
         groups = getattr(self, "groups_", {})
         out: list[dict] = []
         for k in keys:
@@ -287,7 +308,9 @@ class KernelModel(BaseEstimator, RegressorMixin):
             f = self._features(X)
             sized = np.flatnonzero(np.isfinite(f["x"]) & (f["roof"] > 0))
             if sized.size:
-                out[sized] = out[sized] * np.exp(predict_residual(res, X.iloc[sized], f["aten"][sized], FALLBACK))
+                known = list(res.get("families") or {})
+                fam = np.where(np.isin(f["aten"][sized], known), f["aten"][sized], f["base"][sized])
+                out[sized] = out[sized] * np.exp(predict_residual(res, X.iloc[sized], fam, FALLBACK))
         return out
 
     def _predict_curves(self, X: pd.DataFrame) -> np.ndarray:
@@ -296,34 +319,36 @@ class KernelModel(BaseEstimator, RegressorMixin):
         f = self._features(X)
         out = np.full(len(X), np.nan)
         sized = np.isfinite(f["x"]) & (f["roof"] > 0)
-        keys = np.array([f"{c}\0{d}\0{o}" for c, d, o in zip(f["classes"], f["dtypes"], f["aten"], strict=True)],
-                        dtype=object)
+        keys = np.array([f"{c}\0{d}\0{o}\0{b}" for c, d, o, b in zip(f["classes"], f["dtypes"], f["aten"], f["base"],
+                                                                   strict=True)], dtype=object)
         for key in set(keys[sized].tolist()):
-            cls, dt, op = key.split("\0")
-            chain = self._groups_for(cls, dt, op)
+            cls, dt, op, base = key.split("\0")
+            chain = self._groups_for(cls, dt, op, base)
             if not chain:
                 continue
             rows = np.flatnonzero(sized & (keys == key))
             for grp, idx in _by_range(chain, f["x"][rows], rows):
                 a = self._design(f["x"][idx], f["z"][idx], grp["knots"], grp["z_range"], grp["use_z"])
                 offs = grp.get("op_offsets", {})
-                g = a @ np.asarray(grp["coef"]) + np.array([offs.get(o, 0.0) for o in f["aten"][idx]])
+                g = a @ np.asarray(grp["coef"]) + np.array([offs.get(o, offs.get(b, 0.0))
+                                                            for o, b in zip(f["aten"][idx], f["base"][idx], strict=True)])
                 t0 = float(grp.get("t0_s", 0.0))
                 floor = np.where(f["bench"][idx], float(grp.get("t0_bench_s", t0)), t0)
                 out[idx] = floor + f["roof"][idx] * np.exp(g)
         sat = getattr(self, "saturating_", {})
         for i in np.flatnonzero(np.isnan(out)):
-            key = f"{f['classes'][i]}/{f['aten'][i]}"
-            if key in sat and np.isfinite(f["xb"][i]):
+            cls = f["classes"][i]
+            key = next((k for k in (f"{cls}/{f['aten'][i]}", f"{cls}/{f['base'][i]}") if k in sat), "")
+            if key and np.isfinite(f["xb"][i]):
                 out[i] = float(np.exp(ClampedPiecewise.from_dict(sat[key])(np.array([f["xb"][i]]))[0]))
             else:
-                out[i] = self._no_work_time(str(f["classes"][i]), str(f["dtypes"][i]), str(f["aten"][i]))
+                out[i] = self._no_work_time(str(cls), str(f["dtypes"][i]), str(f["aten"][i]), str(f["base"][i]))
         return out
 
-    def _no_work_time(self, cls: str, dtype: str, aten: str) -> float:
+    def _no_work_time(self, cls: str, dtype: str, aten: str, base: str = "") -> float:
         """An op without FLOPs/bytes: the median measured time of that op or class, else the time of
         the smallest measured kernel of its class (a kernel doing next to nothing costs a launch)."""
-        for key in (f"{cls}/{aten}", cls, FALLBACK.get(cls, "")):
+        for key in (f"{cls}/{aten}", f"{cls}/{base}", cls, FALLBACK.get(cls, "")):
             if key in self.constants_:
                 return self.constants_[key]
         grp = self._group_for(cls, dtype)
@@ -394,7 +419,7 @@ def _with_shape_columns(df: pd.DataFrame) -> pd.DataFrame:
         return df
     df = df.copy()
     for col in missing:
-        df[col] = "" if col in ("op_class", "aten_op", "dtype", "source") else np.nan
+        df[col] = "" if col in _STRING_COLUMNS else np.nan
     return df
 
 

@@ -111,17 +111,27 @@ def _work(X: pd.DataFrame) -> np.ndarray:
     return np.where(np.isin(cls, ("gemm", "attention")) & (fl > 0), _log10(fl), _log10(by))
 
 
-def family_codes(fam: np.ndarray, r: np.ndarray) -> dict[str, int]:
+def family_codes(fam: np.ndarray, r: np.ndarray, base: np.ndarray | None = None) -> dict[str, int]:
     """Op families with >= MIN_FAMILY_POINTS shapes, coded 0.. in order of their mean residual (so a
-    tree split on the code groups families that deviate alike); the others share code -1."""
-    s = pd.Series(r).groupby(np.asarray(fam, dtype=str)).agg(["mean", "size"])
-    s = s[s["size"] >= MIN_FAMILY_POINTS]["mean"].sort_values(kind="stable")
-    return {str(f): i for i, f in enumerate(s.index)}
+    tree split on the code groups families that deviate alike); the others share code -1. A family
+    seen only split by layout (`fam` "copy#strided", `base` "copy") also maps to the code of its most
+    frequent layout, for ops that come without one."""
+    stats = pd.Series(r).groupby(np.asarray(fam, dtype=str)).agg(["mean", "size"])
+    s = stats[stats["size"] >= MIN_FAMILY_POINTS]["mean"].sort_values(kind="stable")
+    codes = {str(f): i for i, f in enumerate(s.index)}
+    if base is not None:
+        for b in sorted(set(np.asarray(base, dtype=str).tolist()) - set(codes) - {""}):
+            split = stats[[str(f).split("#")[0] == b and "#" in str(f) for f in stats.index]]
+            top = split["size"].idxmax() if len(split) else None
+            if top is not None and str(top) in codes:
+                codes[b] = codes[str(top)]
+    return codes
 
 
-def fit_residual(X: pd.DataFrame, fam: np.ndarray, r: np.ndarray, sms: int) -> dict:
-    """Fit the trees on residuals r (log measured / curve) of sized op rows; plain-number dict."""
-    families = family_codes(fam, r)
+def fit_residual(X: pd.DataFrame, fam: np.ndarray, r: np.ndarray, sms: int, base: np.ndarray | None = None) -> dict:
+    """Fit the trees on residuals r (log measured / curve) of sized op rows; plain-number dict.
+    `fam` is each row's op family as the model keys it (split by layout), `base` without layout."""
+    families = family_codes(fam, r, base)
     F = residual_features(X, families, fam, sms)
     gb = GradientBoostingRegressor(**GB_PARAMS).fit(F, r)
     lr = float(gb.learning_rate)

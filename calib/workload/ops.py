@@ -32,6 +32,7 @@ reduce-scatter after each block; in backward the layer input is gathered again f
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
@@ -57,6 +58,7 @@ class Op:
     k: int = 0
     batch: int = 0
     repeat: int = 1  # kernels of this shape run back to back (a foreach op's chunks); not an OpRecord field
+    layout: str = ""  # a memory op's operand layout (calib.ops.kernel_layout); "" where unknown
 
     def record(self) -> dict:
         """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs)."""
@@ -65,7 +67,7 @@ class Op:
         return {
             "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm else nan,
             "n": self.n if gemm else nan, "k": self.k if gemm else nan, "batch": self.batch if gemm else nan,
-            "flops": self.flops, "bytes": self.bytes, "dtype": RECORD_DTYPE[self.dtype],
+            "flops": self.flops, "bytes": self.bytes, "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
         }
 
 
@@ -88,6 +90,70 @@ class Wait:
 
 Item = Op | Coll | Wait
 
+# The kernel layout (calib.ops.kernel_layout) each memory op's role ran with in the profiled H200 steps,
+# keyed by role (the template's op name, digits as #): benchmarks/memop_layouts.py matches every
+# generated memory op to the profiled kernels of its stage with the same aten op and bytes and counts
+# their layouts; a role is listed with its most frequent one. Roles no profiled kernel matched (MoE
+# expert ops, whose token counts differ per step, or ops whose broadcast operand the converter sizes
+# otherwise) are matched on the aten op alone where the sizes agree within 1.5x. The MoE router's
+# small ops (one role for several ops) and ops whose kernels name no layout are not listed.
+MEMOP_LAYOUT: dict[str, str] = {
+    "attn.context": "strided", "attn.gqa.bwd.k": "reduce128x4", "attn.gqa.bwd.v": "reduce512x1",
+    "attn.gqa.k": "strided", "attn.gqa.v": "strided", "attn.mask.bool": "unrolled", "attn.mask.fill": "contiguous",
+    "attn.masked_fill": "strided", "attn.masked_fill.bwd": "strided", "attn.masked_fill.bwd.copy": "memcpy",
+    "attn.norm.bwd.main_grad#": "unrolled", "attn.proj.bias": "strided", "attn.proj.bias.bwd": "reduce128x4",
+    "attn.proj.bias.bwd.memset": "memset", "attn.proj.main_grad#": "unrolled", "attn.qk.scale_k": "contiguous",
+    "attn.qk.scale_q": "contiguous", "attn.qkv.bias": "contiguous", "attn.qkv.bias.bwd": "reduce128x4",
+    "attn.qkv.contiguous": "strided", "attn.qkv.main_grad#": "unrolled", "attn.recompute.context": "strided",
+    "attn.recompute.mask.bool": "unrolled", "attn.recompute.mask.fill": "contiguous",
+    "attn.recompute.masked_fill": "strided", "attn.recompute.to_bf#": "contiguous",
+    "attn.recompute.to_fp#": "unrolled", "attn.residual": "contiguous", "attn.residual.bwd": "contiguous",
+    "attn.rope.bwd.k.accumulate": "contiguous", "attn.rope.bwd.k.add": "contiguous",
+    "attn.rope.bwd.k.neg": "strided", "attn.rope.bwd.k.zero": "contiguous",
+    "attn.rope.bwd.q.accumulate": "contiguous", "attn.rope.bwd.q.add": "strided", "attn.rope.bwd.q.neg": "strided",
+    "attn.rope.bwd.q.zero": "contiguous", "attn.rope.k.add": "contiguous", "attn.rope.k.cos": "contiguous",
+    "attn.rope.k.cos.cast": "contiguous", "attn.rope.k.cos.scale": "contiguous", "attn.rope.k.mul_cos": "strided",
+    "attn.rope.k.mul_sin": "strided", "attn.rope.k.neg": "strided", "attn.rope.k.sin": "contiguous",
+    "attn.rope.k.sin.cast": "contiguous", "attn.rope.k.sin.scale": "contiguous", "attn.rope.q.add": "contiguous",
+    "attn.rope.q.cos": "contiguous", "attn.rope.q.cos.cast": "contiguous", "attn.rope.q.cos.scale": "contiguous",
+    "attn.rope.q.mul_cos": "strided", "attn.rope.q.mul_sin": "strided", "attn.rope.q.neg": "strided",
+    "attn.rope.q.sin": "contiguous", "attn.rope.q.sin.cast": "contiguous", "attn.rope.q.sin.scale": "contiguous",
+    "attn.softmax.bwd.mul": "contiguous", "attn.to_bf#": "contiguous", "attn.to_bf#.bwd": "contiguous",
+    "attn.to_fp#": "unrolled", "attn.to_fp#.bwd": "unrolled", "dp.grad_scale.stage#": "contiguous",
+    "embedding.add": "contiguous", "embedding.grad#.position_ids": "strided", "embedding.grad#.transpose": "strided",
+    "embedding.grad#.zero": "contiguous", "embedding.grad.copy": "memcpy", "embedding.grad.mask": "strided",
+    "embedding.ids.copy": "memcpy", "embedding.ids.ge": "contiguous", "embedding.ids.lt": "contiguous",
+    "embedding.ids.masked_fill": "contiguous", "embedding.ids.or": "contiguous", "embedding.ids.sub": "contiguous",
+    "embedding.main_grad#": "unrolled", "embedding.mask": "strided", "embedding.position_ids": "strided",
+    "embedding.transpose": "strided", "final.norm.bwd.main_grad#": "unrolled", "loss.div": "strided",
+    "loss.exp": "contiguous", "loss.grad.scale": "strided", "loss.grad.target": "contiguous",
+    "loss.grad.target.copy": "unrolled", "loss.grad.target.sub": "contiguous", "loss.grad.to_bf#": "contiguous",
+    "loss.log": "contiguous", "loss.max": "reduce512x1", "loss.mean": "reduce512x1",
+    "loss.scalar.#.add_": "contiguous", "loss.scalar.#.div": "contiguous", "loss.scalar.#.div_": "contiguous",
+    "loss.scalar.#.fill_": "contiguous", "loss.scalar.#.mul": "contiguous", "loss.scalar.#.mul_": "contiguous",
+    "loss.scalar.#.sum": "reduce512x1", "loss.sub": "strided", "loss.sub_target": "contiguous",
+    "loss.sum": "reduce512x1", "loss.target.copy": "memcpy", "loss.target.ge": "contiguous",
+    "loss.target.lt": "contiguous", "loss.target.masked_fill": "contiguous", "loss.target.or": "contiguous",
+    "loss.target.sub": "contiguous", "loss.target_logit.copy": "memcpy", "loss.target_logit.mask": "contiguous",
+    "loss.to_fp#": "unrolled", "mlp.fc#.bias": "strided", "mlp.fc#.bias.bwd": "reduce128x4",
+    "mlp.fc#.bias.bwd.memset": "memset", "mlp.fc#.main_grad#": "unrolled", "mlp.gate": "contiguous",
+    "mlp.gate.bwd.a": "contiguous", "mlp.gate.bwd.b": "contiguous", "mlp.gelu": "contiguous",
+    "mlp.gelu.bwd": "contiguous", "mlp.norm.bwd.main_grad#": "unrolled", "mlp.residual": "contiguous",
+    "mlp.residual.bwd": "contiguous", "mlp.silu": "strided", "mlp.silu.add": "strided", "mlp.silu.bwd": "strided",
+    "moe.expert#.fc#.main_grad#": "unrolled", "moe.expert#.gate": "contiguous",
+    "moe.expert#.gate.bwd.a": "contiguous", "moe.expert#.gate.bwd.b": "contiguous", "moe.expert#.scale": "strided",
+    "moe.expert#.scale.bwd": "contiguous", "moe.expert#.scale.bwd.probs": "strided",
+    "moe.expert#.scale.bwd.sum": "reduce512x1", "moe.expert#.silu": "strided", "moe.expert#.silu.add": "strided",
+    "moe.expert#.silu.bwd": "strided", "moe.permute.bwd.zero": "contiguous", "moe.router.bookkeeping": "dtoh",
+    "moe.router.main_grad#": "unrolled", "moe.unpermute.zero": "contiguous", "optimizer.clip.copy.#": "memcpy",
+    "optimizer.clip.mul.#": "contiguous", "optimizer.copy_to_model.#": "contiguous",
+    "optimizer.expert_grad_norm": "dtoh", "optimizer.expert_grad_norm.pow": "contiguous",
+    "optimizer.expert_grad_norm.read": "dtoh", "optimizer.expert_grad_norm.total": "htod",
+    "optimizer.grad_norm": "dtoh", "optimizer.grad_norm.memset": "memset", "optimizer.grad_norm.pow": "contiguous",
+    "optimizer.grad_norm.read": "dtoh", "optimizer.grad_norm.tensor.#": "reduce512x1",
+    "optimizer.grad_norm.total": "htod", "optimizer.zero_grad": "contiguous", "output.logits.main_grad#": "unrolled",
+}
+
 CATEGORY = {"tp": "tp", "dp": "dp", "edp": "dp", "ep": "ep", "pp": "pp"}
 
 
@@ -98,7 +164,12 @@ def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1, aten_op:
 
 
 def memop(name: str, bytes_: float, dtype: str, aten_op: str, flops: float = 0.0) -> Op:
-    return Op(name, "memory", flops, float(bytes_), dtype, aten_op)
+    return Op(name, "memory", flops, float(bytes_), dtype, aten_op, layout=memop_layout(name))
+
+
+def memop_layout(name: str) -> str:
+    """The operand layout a memory op's role ran with in the profiled steps (MEMOP_LAYOUT)."""
+    return MEMOP_LAYOUT.get(re.sub(r"\d+", "#", name), "")
 
 
 def padded_vocab(model: ModelSpec, tp: int) -> ModelSpec:

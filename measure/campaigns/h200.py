@@ -81,6 +81,17 @@ ROUND5_STEPS = {"mixtral-tp2-sp-rcsel-s30": 30}
 TRAININGS.append(("mixtral-tp2-sp-rcsel-s30", MIX, 2, 1, 1, 1, 1, 4, "selective", ["--sequence-parallel", "--keep-raw"]))
 ROUND5 = ["collectives-2gpu-loop", *ROUND5_STEPS]
 
+# Round 6 (a 2 x H200 lease): two host-bound configurations again with their raw traces kept (the host
+# trace's CPU op times, towards a per-configuration host cost: docs/host.md), and two configurations
+# no earlier round ran, which nothing in calib was fitted or labelled on (MEMOP_LAYOUT included).
+ROUND6 = ["llama8b-tp2-raw", "mixtral-ep2-mbs2-raw", "llama8b-tp2-sp-mbs2", "gpt6.7b-tp2-mbs2"]
+TRAININGS += [
+    ("llama8b-tp2-raw", L8B, 2, 1, 1, 1, 1, 8, "none", ["--keep-raw"]),
+    ("mixtral-ep2-mbs2-raw", MIX, 1, 1, 2, 2, 2, 4, "none", ["--keep-raw"]),
+    ("llama8b-tp2-sp-mbs2", L8B, 2, 1, 1, 1, 2, 8, "none", ["--sequence-parallel"]),
+    ("gpt6.7b-tp2-mbs2", G67B, 2, 1, 1, 1, 2, 8, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -137,6 +148,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs.append(Job("collectives-2gpu-loop", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop"), "--factor", "2",
                                                  "--group-sizes", "2", "--iters", "20"], est_s=90, timeout_s=300))
     jobs += [t(r) for r in ROUND5_STEPS]
+    jobs += [t(r) for r in ROUND6]
     return jobs
 
 
