@@ -109,10 +109,13 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
 
 def model_on_profiled(bundle, rank: int, kernel_model) -> pd.DataFrame:
     """The kernel model's time for the profiled kernels' own records (kernels.parquet), per aten_op."""
+    from calib.fit import memory_layouts
+
     k = bundle.table("kernels")
     k = k[(k["rank"] == rank) & ~k["name"].astype(str).str.startswith("nccl")]
     if "step" in k and k["step"].nunique() > 1:  # one profiled step per rank is the rule; keep the first
         k = k[k["step"] == k["step"].min()]
+    k = k.assign(layout=memory_layouts(k, bench=False))  # as calib fit labels them
     pred = np.asarray(kernel_model.predict(k.reset_index(drop=True)), dtype=float)
     # A record the model cannot size (no bytes/flops) is charged as measured: it is not the templates' fault.
     pred = np.where(np.isfinite(pred), pred, k["time_s"].to_numpy(dtype=float))
