@@ -26,6 +26,7 @@ from calib.bundle.io import read_bundle
 from calib.calibration import Calibration
 from calib.chakra.model import ExecutionTrace
 from calib.models.host import HostModel, solve
+from calib.ops import GEMM_OPS
 from calib.sim import simulate
 from calib.validation import engine
 from calib.validation.measured import measured_step
@@ -64,11 +65,8 @@ def backward_phase(trace: ExecutionTrace) -> set[int]:
     return out
 
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
-
-
 def gemm_launches(trace: ExecutionTrace) -> set[int]:
-    return {lid for lid, op in launches_in_order(trace) if op.startswith(GEMM_OPS)}
+    return {lid for lid, op in launches_in_order(trace) if op in GEMM_OPS}
 
 
 SPLITS: dict[str, Callable[[ExecutionTrace], set[int]]] = {"foreach": foreach_rest, "phase": backward_phase,

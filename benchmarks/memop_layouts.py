@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
+import difflib
 import sys
 from pathlib import Path
 
@@ -25,16 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's calib
     sys.path.insert(0, str(ROOT))
 
-GEMM_ATEN = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
 NEAR = 1.5  # the largest size ratio at which the second pass pairs a template op with a kernel
-
-
-def role_of(name: str) -> str:
-    return re.sub(r"\d+", "#", name.removeprefix("recompute."))
 
 
 def _tokens(ops: list) -> list[tuple[str, float]]:
     return [(str(a), float(b)) for a, b in ops]
+
+
+def _equal_pairs(a: list, b: list) -> list[tuple[int, int]]:
+    """(i, j) of the elements difflib's alignment of a with b matches (a[i] == b[j])."""
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return [(i1 + d, j1 + d) for tag, i1, i2, j1, _ in sm.get_opcodes() if tag == "equal" for d in range(i2 - i1)]
 
 
 def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str], dict[str, collections.Counter]]:
@@ -45,12 +46,11 @@ def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str]
     optimizer's _foreach_ chunks left out, as the templates have no such ops one by one) are aligned
     with each template's memory ops in program order (difflib on (aten op, bytes)): two ops of one
     aten op and size in a row (a K and a V gradient) are told apart by their order."""
-    import difflib
-
-    from calib.ops import kernel_layout
+    from calib.ops import GEMM_OPS, kernel_layout
     from calib.validation import engine
     from calib.workload import ops as O
     from calib.workload.generate import generate
+    from calib.workload.ops import role_of
     from calib.workload.parallel import rank_of
 
     km = calibration.kernel_model()  # type: ignore[attr-defined]
@@ -67,7 +67,7 @@ def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str]
         k = b.table("kernels")
         for stage in range(par.pp):
             kk = k[(k["rank"] == rank_of(0, 0, stage, par)) & (k["op_class"] == "memory")]
-            kk = kk[(kk["step"] == kk["step"].min()) & ~kk["aten_op"].astype(str).isin(GEMM_ATEN)
+            kk = kk[(kk["step"] == kk["step"].min()) & ~kk["aten_op"].astype(str).isin(GEMM_OPS)
                     & ~kk["aten_op"].astype(str).str.startswith("aten::_foreach")].sort_values("start_s")
             prof = _tokens(zip(kk["aten_op"], kk["bytes"], strict=True))
             layouts = [kernel_layout(n) for n in kk["name"]]
@@ -78,22 +78,15 @@ def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str]
                 mine = _tokens((op.aten_op, op.bytes) for op in ops)
                 for op in ops:
                     out[(role_of(op.name), op.aten_op)]["template"][op.layout] += 1
-                sm = difflib.SequenceMatcher(None, mine, prof, autojunk=False)
-                for tag, i1, i2, j1, _ in sm.get_opcodes():
-                    if tag == "equal":
-                        for d in range(i2 - i1):
-                            op = ops[i1 + d]
-                            out[(role_of(op.name), op.aten_op)]["profiled"][layouts[j1 + d]] += 1
+                for i, j in _equal_pairs(mine, prof):
+                    out[(role_of(ops[i].name), ops[i].aten_op)]["profiled"][layouts[j]] += 1
                 # Second pass on the aten op alone: ops whose bytes the converter counts otherwise
                 # (a broadcast operand) or that vary per step (MoE expert token counts), paired only
                 # where the sizes agree within NEAR.
-                sm = difflib.SequenceMatcher(None, [t[0] for t in mine], [t[0] for t in prof], autojunk=False)
-                for tag, i1, i2, j1, _ in sm.get_opcodes():
-                    if tag == "equal":
-                        for d in range(i2 - i1):
-                            op, (_, nbytes) = ops[i1 + d], prof[j1 + d]
-                            if max(op.bytes, nbytes) <= NEAR * max(min(op.bytes, nbytes), 1.0):
-                                out[(role_of(op.name), op.aten_op)]["near"][layouts[j1 + d]] += 1
+                for i, j in _equal_pairs([t[0] for t in mine], [t[0] for t in prof]):
+                    op, nbytes = ops[i], prof[j][1]
+                    if max(op.bytes, nbytes) <= NEAR * max(min(op.bytes, nbytes), 1.0):
+                        out[(role_of(op.name), op.aten_op)]["near"][layouts[j]] += 1
     return out
 
 

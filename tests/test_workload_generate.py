@@ -406,7 +406,7 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
     import re
 
     from calib.ops import LAYOUTS
-    from calib.workload.ops import MEMOP_LAYOUT
+    from calib.workload.ops import MEMOP_LAYOUT, role_of
 
     roles: set[str] = set()
     for name, par in (("llama3-8b@L2", ParallelConfig(tp=2, pp=2, global_batch=4, recompute="selective")),
@@ -418,7 +418,7 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
         for stage in range(par.pp):
             for op in gen.op_counts(stage):
                 if op.op_class == "memory":
-                    role = re.sub(r"\d+", "#", op.name.removeprefix("recompute."))
+                    role = role_of(op.name)
                     roles.add(role)
                     assert op.layout == MEMOP_LAYOUT.get(role, ""), op
                     assert op.record()["layout"] == op.layout

@@ -259,8 +259,9 @@ class KernelModel(BaseEstimator, RegressorMixin):
         # An op family seen only split by layout gets the count-weighted mean of its layouts' offsets,
         # for ops that come without a layout.
         counts = np.bincount(idx, minlength=len(names))
+        base_of = dict(zip(ops.tolist(), bases.tolist(), strict=True))
         for fam in sorted(set(bases.tolist()) - set(names) - {""}):
-            mine = [i for i, n in enumerate(names) if n.split("#")[0] == fam]
+            mine = [i for i, n in enumerate(names) if base_of[n] == fam]
             pooled = float(np.average(off[mine], weights=counts[mine])) if mine else 0.0
             if abs(pooled) > 1e-9:
                 offsets[fam] = pooled

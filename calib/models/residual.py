@@ -120,8 +120,9 @@ def family_codes(fam: np.ndarray, r: np.ndarray, base: np.ndarray | None = None)
     s = stats[stats["size"] >= MIN_FAMILY_POINTS]["mean"].sort_values(kind="stable")
     codes = {str(f): i for i, f in enumerate(s.index)}
     if base is not None:
-        for b in sorted(set(np.asarray(base, dtype=str).tolist()) - set(codes) - {""}):
-            split = stats[[str(f).split("#")[0] == b and "#" in str(f) for f in stats.index]]
+        base_of = dict(zip(np.asarray(fam, dtype=str).tolist(), np.asarray(base, dtype=str).tolist(), strict=True))
+        for b in sorted(set(base_of.values()) - set(codes) - {""}):
+            split = stats[[base_of[str(f)] == b and str(f) != b for f in stats.index]]
             top = split["size"].idxmax() if len(split) else None
             if top is not None and str(top) in codes:
                 codes[b] = codes[str(top)]

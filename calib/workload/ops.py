@@ -167,9 +167,15 @@ def memop(name: str, bytes_: float, dtype: str, aten_op: str, flops: float = 0.0
     return Op(name, "memory", flops, float(bytes_), dtype, aten_op, layout=memop_layout(name))
 
 
+def role_of(name: str) -> str:
+    """An op's role, the key of MEMOP_LAYOUT: its template name with digits as # and without the
+    `recompute.` prefix of a recomputed forward ("recompute.attn.to_fp32" -> "attn.to_fp#")."""
+    return re.sub(r"\d+", "#", name.removeprefix("recompute."))
+
+
 def memop_layout(name: str) -> str:
     """The operand layout a memory op's role ran with in the profiled steps (MEMOP_LAYOUT)."""
-    return MEMOP_LAYOUT.get(re.sub(r"\d+", "#", name), "")
+    return MEMOP_LAYOUT.get(role_of(name), "")
 
 
 def padded_vocab(model: ModelSpec, tp: int) -> ModelSpec:
