@@ -38,8 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's calib
     sys.path.insert(0, str(ROOT))
 
-
-GEMM_ATEN = ("aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm")
+from calib.ops import GEMM_OPS  # noqa: E402 - after the path line above
 
 
 @dataclass
@@ -66,7 +65,7 @@ class StageCompare:
         row["launch_dev_pct"] = 100.0 * (row["gen_launches"] - row["prof_launches"]) / max(row["prof_launches"], 1)
         # cuBLAS's own memsets before some GEMMs (recorded under the GEMM's aten op, memory class): which
         # GEMMs get one follows cuBLAS's kernel choice, which the templates do not know
-        aux = int(o[(o.op_class == "memory") & o.aten_op.isin(GEMM_ATEN)].prof_n.sum())
+        aux = int(o[(o.op_class == "memory") & o.aten_op.isin(GEMM_OPS)].prof_n.sum())
         row["prof_gemm_memsets"] = aux
         row["launch_dev_no_memset_pct"] = 100.0 * (row["gen_launches"] - row["prof_launches"] + aux) / max(
             row["prof_launches"] - aux, 1)
