@@ -108,9 +108,9 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
 
 def model_on_profiled(bundle, rank: int, kernel_model) -> pd.DataFrame:
     """The kernel model's time for the profiled kernels' own records (kernels.parquet), per aten_op."""
-    from calib.fit import memory_layouts
+    from calib.fit import memory_layouts, shared_pieces
 
-    k = bundle.table("kernels")
+    k = shared_pieces(bundle.table("kernels"))  # as calib fit reads it
     k = k[(k["rank"] == rank) & ~k["name"].astype(str).str.startswith("nccl")]
     if "step" in k and k["step"].nunique() > 1:  # one profiled step per rank is the rule; keep the first
         k = k[k["step"] == k["step"].min()]

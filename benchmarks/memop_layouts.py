@@ -46,6 +46,7 @@ def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str]
     optimizer's _foreach_ chunks left out, as the templates have no such ops one by one) are aligned
     with each template's memory ops in program order (difflib on (aten op, bytes)): two ops of one
     aten op and size in a row (a K and a V gradient) are told apart by their order."""
+    from calib.fit import shared_pieces
     from calib.ops import GEMM_OPS, kernel_layout
     from calib.validation import engine
     from calib.workload import ops as O
@@ -64,7 +65,7 @@ def profiled_layouts(bundles: list, calibration: object) -> dict[tuple[str, str]
         spec = b.manifest.spec
         model, par = engine.model_of(spec), engine.parallel_of(spec)
         gen = generate(model, par, km.predict)
-        k = b.table("kernels")
+        k = shared_pieces(b.table("kernels"))  # as calib fit reads it
         for stage in range(par.pp):
             kk = k[(k["rank"] == rank_of(0, 0, stage, par)) & (k["op_class"] == "memory")]
             kk = kk[(kk["step"] == kk["step"].min()) & ~kk["aten_op"].astype(str).isin(GEMM_OPS)

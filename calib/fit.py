@@ -45,7 +45,7 @@ from calib.models.network import (
 from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
-from calib.ops import kernel_layout
+from calib.ops import INT32_SPAN_BYTES, index_pieces, kernel_layout
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -132,10 +132,58 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
             # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
             # that floor apart from the profiled steps' (back-to-back kernels).
             bench = b.manifest.kind == "kernels"
-            frames.append(df.assign(bundle=b.id, source="bench" if bench else "trace",
-                                    layout=memory_layouts(df, bench)))
+            frames.append((df if bench else shared_pieces(df)).assign(
+                bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench)))
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
+
+
+PIECE_KEY = ("rank", "step", "stream", "name", "aten_op", "bytes")  # equal along one split op's pieces
+
+
+def shared_pieces(kernels: pd.DataFrame) -> pd.DataFrame:
+    """A profiled kernel table with every piece of a split op given its share of the op's bytes and
+    FLOPs (index_piece_runs; unchanged for a table converted since the converter shares them)."""
+    pieces = index_piece_runs(kernels)
+    if (pieces == 1).all():
+        return kernels
+    return kernels.assign(**{c: pd.to_numeric(kernels[c], errors="coerce") / pieces
+                             for c in ("bytes", "flops") if c in kernels.columns})
+
+
+def index_piece_runs(kernels: pd.DataFrame) -> np.ndarray:
+    """Per kernel row, how many pieces its op's bytes were split among (calib.ops.index_pieces):
+    1, except in tables converted before the converter shared an op's bytes among its pieces, where
+    a piece carries the whole op's. There the pieces are read off the table: back-to-back kernels of
+    one name, op and size on one stream, as many (or a multiple: ops repeated back to back) as
+    index_pieces gives for an in-place op (largest operand = half its bytes). A table converted
+    since gives every piece a share, and a share never splits again, so this finds nothing there."""
+    out = np.ones(len(kernels))
+    if kernels.empty or not set(PIECE_KEY) | {"op_class", "start_s"} <= set(kernels.columns):
+        return out  # a table without kernel names and times (synthetic test bundles) has no pieces to find
+    df = kernels.reset_index(drop=True)
+    fam = np.array([op_family(a) for a in df["aten_op"].astype(str)])
+    ok = (df["op_class"].astype(str).to_numpy() == "memory") & ~np.char.startswith(fam.astype(str), "foreach_")
+    by = pd.to_numeric(df["bytes"], errors="coerce").fillna(0.0).to_numpy(float)
+    ok &= by > 2 * INT32_SPAN_BYTES
+    if not ok.any():
+        return out
+    pos = np.empty(len(df), dtype=np.int64)
+    pos[df.sort_values(["rank", "step", "stream", "start_s"], kind="stable").index.to_numpy()] = np.arange(len(df))
+    cand = np.flatnonzero(ok)
+    cand = cand[np.argsort(pos[cand], kind="stable")]
+    sub = df.loc[cand, list(PIECE_KEY)].astype(str)
+    key = sub.agg("|".join, axis=1).to_numpy()
+    i = 0
+    while i < len(cand):
+        j = i + 1
+        while j < len(cand) and key[j] == key[i] and pos[cand[j]] == pos[cand[j - 1]] + 1:
+            j += 1
+        k = index_pieces(by[cand[i]] / 2)
+        if k > 1 and (j - i) % k == 0:
+            out[cand[i:j]] = k
+        i = j
+    return out
 
 
 def memory_layouts(kernels: pd.DataFrame, bench: bool) -> np.ndarray:

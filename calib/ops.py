@@ -232,6 +232,27 @@ def classify(
     return OpRecord("memory", aten_name, dtype, bytes=float(in_bytes + out_bytes))
 
 
+# TensorIterator indexes an elementwise op's operands with 32-bit offsets (in bytes) where it can;
+# an op whose largest operand spans more (a whole fp32 gradient buffer zeroed or scaled) is halved
+# until every piece fits, each piece one kernel of the same name (aten/src/ATen/TensorIterator.cpp,
+# can_use_32bit_indexing / with_32bit_indexing). The op's bytes are its pieces' together.
+INT32_SPAN_BYTES = 2**31 - 1
+
+
+def index_pieces(largest_operand_bytes: float) -> int:
+    """Kernels an elementwise op runs as, for its largest operand's size (a contiguous tensor)."""
+    if not largest_operand_bytes > INT32_SPAN_BYTES:
+        return 1
+    return 2 ** math.ceil(math.log2(largest_operand_bytes / INT32_SPAN_BYTES))
+
+
+def largest_operand_bytes(input_shapes: Sequence[Any], input_types: Sequence[str],
+                          output_shapes: Sequence[Any] | None = None, output_types: Sequence[str] | None = None) -> int:
+    """The bytes of an op's largest tensor operand, inputs and outputs (0 without tensors)."""
+    ts = _tensors(input_shapes, input_types) + _tensors(output_shapes or [], output_types or [])
+    return max((_numel(s) * eb for s, _, eb in ts), default=0)
+
+
 # A memory-bound kernel's name tells how PyTorch laid its operands out, which its bytes do not: two
 # `aten::sum` of 10.5 MB in one llama8b-tp2 step take 10 us as `reduce_kernel<128, 4>` and 30 us as
 # `reduce_kernel<512, 1>`. TensorIterator picks `vectorized_elementwise_kernel` for contiguous

@@ -268,3 +268,32 @@ def test_layouts_split_one_shape_in_two() -> None:
     shapes, t, counts = shape_table(rows)
     assert sorted(t.tolist()) == [40e-6, 90e-6] and counts.tolist() == [1, 1]
     assert shape_table(rows.drop(columns=["layout"]))[2].tolist() == [2]
+
+
+def _fill_rows(dtype: str, sizes: list[float], bw: float, op: str = "aten::fill_") -> pd.DataFrame:
+    return pd.DataFrame([{"op_class": "memory", "aten_op": op, "bytes": b, "dtype": dtype,
+                          "time_s": 1e-6 + b / bw} for b in sizes])
+
+
+FP32_FILL = "memory:fill/fp32"
+
+
+def test_a_curve_does_not_predict_inside_a_gap_of_its_measurements() -> None:
+    """A dtype's curve measured at 8 bytes and at gigabytes has seen nothing in between: a size there
+    is timed by the family's curve over all dtypes, measured there (traces/h200: fp32 fill_ of 33 MB,
+    interpolated at 9x its time before the rule)."""
+    dense = [2.0 ** e for e in range(10, 34)]
+    df = pd.concat([_fill_rows("bfloat16", dense, 4e12), _fill_rows("bfloat16", dense, 3e12, "aten::add"),
+                    _fill_rows("float32", [8.0, 1e9, 1.5e9, 2e9, 3e9, 4e9, 6e9, 8e9], 4e12)], ignore_index=True)
+    model = _fit(df)
+    gaps = model.groups_[FP32_FILL]["gaps"]
+    assert len(gaps) == 1 and gaps[0][0] < np.log10(8.1) and gaps[0][1] > 8.9
+    q = _fill_rows("float32", [3.3e7, 2.5e9], 4e12)
+    shapes = q[["op_class", "aten_op", "bytes", "dtype"]].assign(flops=0.0)
+    pred = model.predict(shapes)
+    assert abs(pred[0] / q["time_s"][0] - 1) < 0.25, pred / q["time_s"]
+    old = model.to_dict()
+    del old["classes"][FP32_FILL]["gaps"]  # a file written before the rule: no gaps, predicts as before
+    before = KernelModel.from_dict(old).predict(shapes)
+    assert before[0] > 2 * q["time_s"][0]  # the fp32 curve across its 8-decade gap
+    assert before[1] == pytest.approx(pred[1])  # inside its measured sizes nothing changes

@@ -14,7 +14,7 @@ from calib.chakra.model import CommType
 from calib.convert.host import CommCall, HostOp, HostTrace
 from calib.convert.kineto import GpuActivity, KinetoTrace, RuntimeCall, enclosing_cpu_op, step_at
 from calib.errors import CalibError
-from calib.ops import COMM_DTYPE_BYTES, OpRecord, classify
+from calib.ops import COMM_DTYPE_BYTES, OpRecord, classify, index_pieces, largest_operand_bytes
 
 MISMATCH_FRACTION = 0.1  # more unlinkable or renamed ops than this: the two files are not one run
 
@@ -230,10 +230,33 @@ def link(host: HostTrace, kt: KinetoTrace, rank: int) -> list[LinkedOp]:
             launched.add(op.id)
         out.append(LinkedOp(act, launch, op, aten, int(step or 0), rec, comm))
     out += _split_coalesced(coalesced, launched, host, kt, rank)
+    _share_index_pieces(out)
     if with_rf and (missing + renamed) > MISMATCH_FRACTION * with_rf:
         raise CalibError(f"{host.path} and {kt.path} do not match: {missing} of {with_rf} launching ops have no host op "
                          f"with their record function id and {renamed} have another name (traces of different runs or ranks)")
     return out
+
+
+def _share_index_pieces(ops: list[LinkedOp]) -> None:
+    """An elementwise op too large for 32-bit indexing runs as pieces, kernels of one name
+    (calib.ops.index_pieces): each piece gets its share of the op's bytes, so that a kernel row's
+    bytes are what that kernel moved. Other ops launching several kernels of one name (an embedding
+    backward's passes, multi_tensor_apply's chunks) keep the op's bytes on each."""
+    groups: dict[tuple[int, str], list[LinkedOp]] = {}
+    for o in ops:
+        if o.host is not None and o.comm is None and o.act.kind == "kernel" and o.record.op_class == "memory":
+            groups.setdefault((o.host.id, o.act.name), []).append(o)
+    for (_, _), same in groups.items():
+        if len(same) < 2:
+            continue
+        h = same[0].host
+        assert h is not None
+        largest = largest_operand_bytes(h.inputs.get("shapes", []), h.inputs.get("types", []),
+                                        h.outputs.get("shapes"), h.outputs.get("types"))
+        if index_pieces(largest) == len(same):
+            for o in same:
+                o.record.bytes /= len(same)
+                o.record.flops /= len(same)
 
 
 def _split_coalesced(coalesced: list[LinkedOp], launched: set[int], host: HostTrace, kt: KinetoTrace,

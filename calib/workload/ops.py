@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
+from calib.ops import index_pieces
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
@@ -164,7 +165,17 @@ def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1, aten_op:
 
 
 def memop(name: str, bytes_: float, dtype: str, aten_op: str, flops: float = 0.0) -> Op:
-    return Op(name, "memory", flops, float(bytes_), dtype, aten_op, layout=memop_layout(name))
+    return in_pieces(Op(name, "memory", flops, float(bytes_), dtype, aten_op, layout=memop_layout(name)))
+
+
+def in_pieces(op: Op) -> Op:
+    """An in-place op on a tensor past 32-bit indexing (a whole fp32 gradient buffer zeroed or scaled)
+    runs as calib.ops.index_pieces kernels, each with its share of the bytes, as the converter
+    records them; its largest operand is the tensor it writes, half its bytes."""
+    if not op.aten_op.endswith("_") or op.aten_op.startswith("aten::_foreach_"):
+        return op
+    k = index_pieces(op.bytes / 2)
+    return op if k == 1 else dataclasses.replace(op, bytes=op.bytes / k, flops=op.flops / k, repeat=op.repeat * k)
 
 
 def role_of(name: str) -> str:
