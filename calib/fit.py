@@ -45,7 +45,7 @@ from calib.models.network import (
 from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
-from calib.ops import INT32_SPAN_BYTES, index_pieces, kernel_layout
+from calib.ops import INT32_SPAN_BYTES, in_place_pieces, kernel_layout
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -156,16 +156,15 @@ def index_piece_runs(kernels: pd.DataFrame) -> np.ndarray:
     1, except in tables converted before the converter shared an op's bytes among its pieces, where
     a piece carries the whole op's. There the pieces are read off the table: back-to-back kernels of
     one name, op and size on one stream, as many (or a multiple: ops repeated back to back) as
-    index_pieces gives for an in-place op (largest operand = half its bytes). A table converted
+    calib.ops.in_place_pieces gives for their bytes. A table converted
     since gives every piece a share, and a share never splits again, so this finds nothing there."""
     out = np.ones(len(kernels))
     if kernels.empty or not set(PIECE_KEY) | {"op_class", "start_s"} <= set(kernels.columns):
         return out  # a table without kernel names and times (synthetic test bundles) has no pieces to find
     df = kernels.reset_index(drop=True)
-    fam = np.array([op_family(a) for a in df["aten_op"].astype(str)])
-    ok = (df["op_class"].astype(str).to_numpy() == "memory") & ~np.char.startswith(fam.astype(str), "foreach_")
     by = pd.to_numeric(df["bytes"], errors="coerce").fillna(0.0).to_numpy(float)
-    ok &= by > 2 * INT32_SPAN_BYTES
+    ok = (by / 2 > INT32_SPAN_BYTES) & (df["op_class"].astype(str).to_numpy() == "memory")  # in_place_pieces > 1
+    ok[ok] = [not op_family(a).startswith("foreach_") for a in df["aten_op"].astype(str).to_numpy()[ok]]
     if not ok.any():
         return out
     pos = np.empty(len(df), dtype=np.int64)
@@ -179,7 +178,7 @@ def index_piece_runs(kernels: pd.DataFrame) -> np.ndarray:
         j = i + 1
         while j < len(cand) and key[j] == key[i] and pos[cand[j]] == pos[cand[j - 1]] + 1:
             j += 1
-        k = index_pieces(by[cand[i]] / 2)
+        k = in_place_pieces(by[cand[i]])
         if k > 1 and (j - i) % k == 0:
             out[cand[i:j]] = k
         i = j

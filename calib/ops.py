@@ -246,6 +246,12 @@ def index_pieces(largest_operand_bytes: float) -> int:
     return 2 ** math.ceil(math.log2(largest_operand_bytes / INT32_SPAN_BYTES))
 
 
+def in_place_pieces(recorded_bytes: float) -> int:
+    """index_pieces of an in-place elementwise op from its recorded bytes (classify: the tensor it
+    writes, read and written), whose largest operand is half of them."""
+    return index_pieces(recorded_bytes / 2)
+
+
 def largest_operand_bytes(input_shapes: Sequence[Any], input_types: Sequence[str],
                           output_shapes: Sequence[Any] | None = None, output_types: Sequence[str] | None = None) -> int:
     """The bytes of an op's largest tensor operand, inputs and outputs (0 without tensors)."""

@@ -246,7 +246,7 @@ def _share_index_pieces(ops: list[LinkedOp]) -> None:
     for o in ops:
         if o.host is not None and o.comm is None and o.act.kind == "kernel" and o.record.op_class == "memory":
             groups.setdefault((o.host.id, o.act.name), []).append(o)
-    for (_, _), same in groups.items():
+    for same in groups.values():
         if len(same) < 2:
             continue
         h = same[0].host

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
-from calib.ops import index_pieces
+from calib.ops import in_place_pieces
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
@@ -170,11 +170,11 @@ def memop(name: str, bytes_: float, dtype: str, aten_op: str, flops: float = 0.0
 
 def in_pieces(op: Op) -> Op:
     """An in-place op on a tensor past 32-bit indexing (a whole fp32 gradient buffer zeroed or scaled)
-    runs as calib.ops.index_pieces kernels, each with its share of the bytes, as the converter
-    records them; its largest operand is the tensor it writes, half its bytes."""
+    runs as calib.ops.in_place_pieces kernels, each with its share of the bytes, as the converter
+    records them."""
     if not op.aten_op.endswith("_") or op.aten_op.startswith("aten::_foreach_"):
         return op
-    k = index_pieces(op.bytes / 2)
+    k = in_place_pieces(op.bytes)
     return op if k == 1 else dataclasses.replace(op, bytes=op.bytes / k, flops=op.flops / k, repeat=op.repeat * k)
 
 
