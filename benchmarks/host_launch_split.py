@@ -10,7 +10,9 @@ between runs would make them agree (a smaller coefficient of variation at some r
 
 Splits: `foreach` charges the second and later kernels of one `_foreach_` optimizer call at the
 ratio (multi-tensor kernels of one Python call); `gemm` charges the GEMM launches (aten::mm, bmm,
-baddbmm, ...) at the ratio (a linear layer's Python module call against a bare elementwise op); `phase` charges the backward's kernels at the ratio
+baddbmm, ...) at the ratio (a linear layer's Python module call against a bare elementwise op); `comm`
+charges the NCCL launches (collectives, sends, receives) at the ratio (ProcessGroupNCCL's work objects,
+events and stream waits per call); `phase` charges the backward's kernels at the ratio
 (from the first op named *backward* up to the next forward norm, embedding or optimizer op: the
 autograd engine's thread launches them, the Python thread the rest, recomputed forwards included).
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from calib.bundle.io import read_bundle
 from calib.calibration import Calibration
-from calib.chakra.model import ExecutionTrace
+from calib.chakra.model import ExecutionTrace, NodeType
 from calib.models.host import HostModel, solve
 from calib.ops import GEMM_OPS
 from calib.sim import simulate
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FORWARD_OPS = ("aten::_fused_rms_norm", "aten::native_layer_norm", "aten::embedding", "aten::gather")
 OPTIMIZER_OPS = ("aten::_foreach_", "aten::linalg_vector_norm")
 MAX_LAUNCH_S = 400e-6
+COMM_TYPES = (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
 
 
 def launches_in_order(trace: ExecutionTrace) -> list[tuple[int, str]]:
@@ -69,8 +72,13 @@ def gemm_launches(trace: ExecutionTrace) -> set[int]:
     return {lid for lid, op in launches_in_order(trace) if op in GEMM_OPS}
 
 
+def comm_launches(trace: ExecutionTrace) -> set[int]:
+    hosts = {n.id for n in trace.nodes if n.attr(ROLE) is not None}
+    return {d for n in trace.nodes if n.attr(ROLE) is None and n.type in COMM_TYPES for d in n.data_deps if d in hosts}
+
+
 SPLITS: dict[str, Callable[[ExecutionTrace], set[int]]] = {"foreach": foreach_rest, "phase": backward_phase,
-                                                           "gemm": gemm_launches}
+                                                           "gemm": gemm_launches, "comm": comm_launches}
 
 
 def needed_costs(run_id: str, split: str, ratios: list[float], cal: Calibration) -> tuple[float, list[float]]:

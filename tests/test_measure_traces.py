@@ -47,8 +47,9 @@ def test_training_bundles_span_the_parallel_space(bundles: list) -> None:
 
 
 # Raw traces are dropped after conversion, except where a later analysis needs the host trace's CPU
-# op times (traces/README.md, rounds 5 and 6).
-KEPT_RAW = {"mixtral-tp2-sp-rcsel-s30", "llama8b-tp2-raw", "mixtral-ep2-mbs2-raw"}
+# op times (traces/README.md, rounds 5, 6 and 8).
+KEPT_RAW = {"mixtral-tp2-sp-rcsel-s30", "llama8b-tp2-raw", "mixtral-ep2-mbs2-raw", "mixtral-ep2-rcfull-raw",
+            "gpt6.7b-tp2-sp-raw"}
 
 
 def test_kept_raw_traces_reconvert_to_the_committed_tables(bundles: list, tmp_path: Path) -> None:

@@ -1,0 +1,65 @@
+"""How long does the host take between two scalar reads in a row? (docs/host.md, seventh session)
+
+megatron-core's optimizer reads the per-tensor gradient norms one by one (`Tensor.item()`: a
+device-to-host copy of `aten::_local_scalar_dense` and a wait for it). Between two such copies with
+nothing else on the GPU, the GPU idles for exactly the host's work from one value's arrival to the
+next copy's launch. This prints that idle time per bundle whose raw profiler traces were kept
+(`raw/device.N.json.gz`), and the CPU time of the read op itself, both under the profiler (which
+slows the host), beside what the calibration charges such a read (one launch plus one sync).
+
+    python benchmarks/host_reads.py [BUNDLE_DIR ...]   (default: every traces/h200 bundle with raw/)
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from calib.calibration import Calibration
+from calib.models.host import HostModel
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+READ_OP = "aten::_local_scalar_dense"  # Tensor.item()
+
+
+def read_gaps_us(device_trace: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU idle between consecutive device-to-host copies with nothing between them, CPU duration of
+    each aten::_local_scalar_dense), microseconds, for one rank's Kineto trace."""
+    with gzip.open(device_trace, "rt") as fh:
+        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(gpu, gpu[1:], strict=False)
+            if a.get("cat") == b.get("cat") == "gpu_memcpy" and "DtoH" in a["name"] and "DtoH" in b["name"]]
+    cpu = [e["dur"] for e in events if e.get("cat") == "cpu_op" and e["name"] == READ_OP]
+    return np.asarray(gaps, dtype=float), np.asarray(cpu, dtype=float)
+
+
+def main(argv: list[str]) -> int:
+    dirs = [Path(a) for a in argv] or sorted(p.parent for p in (ROOT / "traces" / "h200").glob("*/raw"))
+    if not dirs:
+        print("no bundle with raw/ traces")
+        return 1
+    print(f"{'bundle':32} {'reads in a row':>14} {'GPU idle between, us p10/p50/p90':>34} {'read op CPU us p50':>19}")
+    for d in dirs:
+        gaps, cpu = [], []
+        for f in sorted((d / "raw").glob("device.*.json.gz")):
+            g, c = read_gaps_us(f)
+            gaps.append(g)
+            cpu.append(c)
+        g, c = np.concatenate(gaps), np.concatenate(cpu)
+        p = np.percentile(g, [10, 50, 90]) if len(g) else [np.nan] * 3
+        print(f"{d.name:32} {len(g):14d} {p[0]:12.1f} {p[1]:10.1f} {p[2]:10.1f} {np.median(c) if len(c) else np.nan:19.1f}")
+    host = HostModel.from_dict(Calibration.load(str(ROOT / "calib" / "data" / "calibration-h200.yaml")).host)
+    print(f"calibration-h200 charges a read after a read one launch and one sync: "
+          f"{(host.launch_s + host.sync_s) * 1e6:.1f} us generated, "
+          f"{((host.replay_launch_s or 0.0) + host.replay_sync) * 1e6:.1f} us replayed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
