@@ -26,7 +26,7 @@ from pathlib import Path
 
 from calib.bundle.io import read_bundle
 from calib.calibration import Calibration
-from calib.chakra.model import ExecutionTrace, NodeType
+from calib.chakra.model import ExecutionTrace, Node, NodeType
 from calib.models.host import HostModel, solve
 from calib.ops import GEMM_OPS
 from calib.sim import simulate
@@ -42,12 +42,16 @@ MAX_LAUNCH_S = 400e-6
 COMM_TYPES = (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
 
 
+def launched(trace: ExecutionTrace) -> list[tuple[int, Node]]:
+    """(launch node id, the GPU node it launches) in launch order."""
+    hosts = {n.id for n in trace.nodes if n.attr(ROLE) is not None}
+    out = [(d, n) for n in trace.nodes if n.attr(ROLE) is None for d in n.data_deps if d in hosts]
+    return sorted(out, key=lambda x: x[0])
+
+
 def launches_in_order(trace: ExecutionTrace) -> list[tuple[int, str]]:
     """(launch node id, aten op of the kernel it launches) in launch order."""
-    hosts = {n.id for n in trace.nodes if n.attr(ROLE) is not None}
-    out = [(d, str(n.attr("aten_op") or "")) for n in trace.nodes if n.attr(ROLE) is None
-           for d in n.data_deps if d in hosts]
-    return sorted(out)
+    return [(lid, str(n.attr("aten_op") or "")) for lid, n in launched(trace)]
 
 
 def foreach_rest(trace: ExecutionTrace) -> set[int]:
@@ -73,8 +77,7 @@ def gemm_launches(trace: ExecutionTrace) -> set[int]:
 
 
 def comm_launches(trace: ExecutionTrace) -> set[int]:
-    hosts = {n.id for n in trace.nodes if n.attr(ROLE) is not None}
-    return {d for n in trace.nodes if n.attr(ROLE) is None and n.type in COMM_TYPES for d in n.data_deps if d in hosts}
+    return {lid for lid, n in launched(trace) if n.type in COMM_TYPES}
 
 
 SPLITS: dict[str, Callable[[ExecutionTrace], set[int]]] = {"foreach": foreach_rest, "phase": backward_phase,

@@ -12,31 +12,29 @@ slows the host), beside what the calibration charges such a read (one launch plu
 
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from calib.calibration import Calibration
+from calib.convert.kineto import read_kineto
 from calib.models.host import HostModel
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 READ_OP = "aten::_local_scalar_dense"  # Tensor.item()
 
 
 def read_gaps_us(device_trace: Path) -> tuple[np.ndarray, np.ndarray]:
     """(GPU idle between consecutive device-to-host copies with nothing between them, CPU duration of
     each aten::_local_scalar_dense), microseconds, for one rank's Kineto trace."""
-    with gzip.open(device_trace, "rt") as fh:
-        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
-    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
-    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(gpu, gpu[1:], strict=False)
-            if a.get("cat") == b.get("cat") == "gpu_memcpy" and "DtoH" in a["name"] and "DtoH" in b["name"]]
-    cpu = [e["dur"] for e in events if e.get("cat") == "cpu_op" and e["name"] == READ_OP]
-    return np.asarray(gaps, dtype=float), np.asarray(cpu, dtype=float)
+    kt = read_kineto(device_trace)
+    gpu = sorted(kt.gpu, key=lambda a: a.start_ns)
+    gaps = [b.start_ns - (a.start_ns + a.dur_ns) for a, b in zip(gpu, gpu[1:], strict=False)
+            if a.kind == b.kind == "memcpy" and "DtoH" in a.name and "DtoH" in b.name]
+    cpu = [end - start for spans in kt.cpu_spans.values() for start, end, e in spans
+           if e.get("cat") == "cpu_op" and e.get("name") == READ_OP]
+    return np.asarray(gaps, dtype=float) / 1e3, np.asarray(cpu, dtype=float) / 1e3
 
 
 def main(argv: list[str]) -> int:
