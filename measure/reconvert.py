@@ -65,3 +65,49 @@ def refresh_bandwidths(path: str | Path) -> int:
     df.to_parquet(tmp, index=False, compression="zstd")
     os.replace(tmp, file)
     return len(df)
+
+
+def redo_p2p_deps(path: str | Path) -> int:
+    """Give each send/recv of a bundle's ETs the cross-stream dependencies today's converter gives it,
+    for bundles converted before the fix and without raw traces to reconvert (traces/README.md).
+
+    The earlier converter took the op an event recorded from the recording thread's own launches, so a
+    pipeline send issued by the main thread after a backward that the autograd engine's thread launched
+    depended on the main thread's last forward kernel and could start before the backward it carries.
+    megatron-core batches each micro-batch's sends and receives and synchronises after every batch, so
+    nothing is launched between a batch and its sync: the op the event captured is the last node of the
+    compute stream that started before the transfer, which node ids (GPU start order) give. On the raw
+    traces kept for gpt6.7b-pp2-mbs2 (tests/data/h200-pp2-raw) this equals the converter's result for
+    every send and recv. Returns the number of send/recv nodes whose dependencies changed."""
+    from calib.chakra.codec import read_et, write_et
+    from calib.chakra.model import NodeType
+
+    p2p = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
+    changed = 0
+    for file in read_bundle(path).et_files():
+        trace = read_et(file)
+        stream_of = {n.id: n.attr("stream") for n in trace.nodes}
+        last: dict[object, int] = {}  # stream -> its latest node so far, in id order
+        edits = 0
+        for n in sorted(trace.nodes, key=lambda n: n.id):
+            own = stream_of[n.id]
+            if n.type in p2p:
+                other = {stream_of[d] for d in n.data_deps} - {own}
+                deps = [d for d in n.data_deps if stream_of[d] == own] + [last[s] for s in sorted(other, key=str)]
+                if sorted(deps) != sorted(n.data_deps):
+                    n.data_deps = deps
+                    edits += 1
+            last[own] = n.id
+        if edits:
+            write_et(trace, file)
+            changed += edits
+    if changed:
+        manifest = Path(path) / "manifest.json"
+        data = json.loads(manifest.read_text())
+        data.setdefault("notes", {})["et_p2p_deps"] = (
+            f"{changed} send/recv dependencies redone by measure.reconvert.redo_p2p_deps after the converter's "
+            "event-record fix (traces/README.md)")
+        tmp = manifest.with_name(manifest.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        os.replace(tmp, manifest)
+    return changed

@@ -99,3 +99,64 @@ def test_coalesced_send_and_recv_replay_without_deadlock():
     network, system = engine.replay_network(bundle, cal)
     result = simulate(add_host_to_replay(replay_workload(run), 12e-6, 250e-6), network, system)
     assert result.step_time_s > 0
+
+
+def _cross_stream_deps(trace, node):
+    stream = {n.id: n.attr("stream") for n in trace.nodes}
+    return sorted(d for d in node.data_deps if stream[d] != stream[node.id])
+
+
+def test_a_send_after_the_backward_waits_for_the_backward(conversion):
+    """The last stage sends each micro-batch's input gradient from the main thread after a backward the
+    autograd engine's thread launched: the send's stream wait must capture that backward (the op launched
+    last on the compute stream by any thread), not the main thread's own last (forward) kernel."""
+    trace = conversion.traces[1]
+    sends = [n for n in trace.nodes if n.type == NodeType.COMM_SEND_NODE]
+    assert len(sends) == 4
+    previous = 0
+    for send in sends:
+        since = [n for n in trace.nodes if previous < n.id < send.id and n.attr("stream") != send.attr("stream")]
+        assert any("backward" in str(n.attr("aten_op")) for n in since)  # the backward ran in between
+        assert _cross_stream_deps(trace, send) == [since[-1].id], send.id
+        previous = send.id
+
+
+def test_redone_p2p_deps_of_committed_ets_equal_the_converter(conversion, tmp_path):
+    """measure.reconvert.redo_p2p_deps gives the pipeline bundles converted before the event-record fix
+    (raw traces dropped) the dependencies the fixed converter gives: on gpt6.7b-pp2-mbs2, whose raw traces
+    are these, every node's dependencies equal a fresh conversion's, and redoing them again changes nothing."""
+    import shutil
+
+    from calib.chakra.codec import read_et
+    from measure.reconvert import redo_p2p_deps
+
+    copy = tmp_path / "gpt6.7b-pp2-mbs2"
+    shutil.copytree(TRACES / "h200" / "gpt6.7b-pp2-mbs2", copy)
+    assert redo_p2p_deps(copy) == 0  # the committed ETs are redone already
+    for rank, fresh in conversion.traces.items():
+        committed = read_et(copy / "et" / f"rank.{rank}.et.gz")
+        assert [sorted(n.data_deps) for n in committed.nodes] == [sorted(n.data_deps) for n in fresh.nodes], rank
+
+
+def test_redo_p2p_deps_moves_an_early_send_dependency(tmp_path):
+    """A send that depended on an early compute node (the old converter's choice) is moved to the last
+    compute node started before it; the bundle's manifest says so."""
+    import json
+    import shutil
+
+    from calib.chakra.codec import read_et, write_et
+    from measure.reconvert import redo_p2p_deps
+
+    copy = tmp_path / "gpt6.7b-pp2-mbs2"
+    shutil.copytree(TRACES / "h200" / "gpt6.7b-pp2-mbs2", copy)
+    et = copy / "et" / "rank.1.et.gz"
+    trace = read_et(et)
+    send = next(n for n in trace.nodes if n.type == NodeType.COMM_SEND_NODE)
+    (right,) = _cross_stream_deps(trace, send)
+    early = next(n.id for n in trace.nodes if n.attr("stream") != send.attr("stream") and n.id < right - 100)
+    send.data_deps = [d for d in send.data_deps if d != right] + [early]
+    write_et(trace, et)
+    assert redo_p2p_deps(copy) == 1
+    again = read_et(et)
+    assert _cross_stream_deps(again, next(n for n in again.nodes if n.id == send.id)) == [right]
+    assert "redo_p2p_deps" in json.loads((copy / "manifest.json").read_text())["notes"]["et_p2p_deps"]

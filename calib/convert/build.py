@@ -9,8 +9,9 @@ Choices (docs/formats.md, "Converted ETs"):
   stream before each node, kept in the `gap_ns` attribute (start minus the previous node's end on the
   same stream). A replay therefore gives the GPU-bound time of the step.
 - Dependencies (data_deps): the previous node on the same stream; cross-stream waits
-  (cudaEventRecord then cudaStreamWaitEvent on one CPU thread: the op launched last before the record
-  -> the op launched next after the wait); CUDA syncs (the next op of each stream launched after a
+  (cudaEventRecord then cudaStreamWaitEvent on one CPU thread -> the op the thread launches next: before
+  an NCCL kernel, the op launched last before the record by any thread on the stream of the thread's
+  last compute launch, its current stream; before a compute kernel, the thread's own last launch); CUDA syncs (the next op of each stream launched after a
   synchronize depends on every stream's last op that had finished when it returned). A cross-stream
   dependency is kept only when the measured timeline agrees (the source ended before the target began).
 - Collectives of one process group are chained (ctrl_deps) in issue order.
@@ -192,8 +193,11 @@ def _cross_stream_deps(ops: list[LinkedOp], nodes: list[Node], kt: KinetoTrace) 
     launched_on: dict[int, list[tuple[int, int]]] = {}  # stream -> [(launch ts, op index)] in launch order
     pending_stream: dict[int, set[int]] = {}  # stream -> sources its next launched op must wait for
     thread_last: dict[object, int] = {}
-    thread_record: dict[object, int | None] = {}
-    thread_wait: dict[object, int] = {}
+    # per thread: at its last event record, (its own last launch, the last launch by any thread on
+    # its current stream); a wait hands the pair to the thread's next launch
+    thread_record: dict[object, tuple[int | None, int | None]] = {}
+    thread_stream: dict[object, int] = {}  # the stream of each thread's last compute launch
+    thread_wait: dict[object, tuple[int | None, int | None]] = {}
     stream_last_launched: dict[int, int] = {}
     pending_sync: dict[int, set[int]] = {}
 
@@ -212,12 +216,21 @@ def _cross_stream_deps(ops: list[LinkedOp], nodes: list[Node], kt: KinetoTrace) 
             s = ops[i].act.stream
             w = thread_wait.pop(call.tid, None)
             if w is not None:
-                add(w, i)
+                # Before an NCCL kernel, the event was recorded on the thread's current stream
+                # (ProcessGroupNCCL's stream sync), which captures every thread's launches there: a
+                # send of the main thread waits for the backward the autograd engine's thread
+                # launched. Before a compute kernel, it was the end event of the thread's own last
+                # (NCCL) launch.
+                src = w[1] if ops[i].comm is not None and w[1] is not None else w[0]
+                if src is not None:
+                    add(src, i)
             for src in pending_sync.pop(s, ()):
                 add(src, i)
             for src in pending_stream.pop(s, ()):
                 add(src, i)
             thread_last[call.tid] = i
+            if ops[i].comm is None:
+                thread_stream[call.tid] = s
             stream_last_launched[s] = i
             launched_on.setdefault(s, []).append((call.ts_ns, i))
         elif call.correlation is not None and int(call.correlation) in precise:
@@ -228,10 +241,11 @@ def _cross_stream_deps(ops: list[LinkedOp], nodes: list[Node], kt: KinetoTrace) 
             if k:
                 pending_stream.setdefault(stream, set()).add(hist[k - 1][1])
         elif call.name in RECORD_CALLS:
-            thread_record[call.tid] = thread_last.get(call.tid)
+            s = thread_stream.get(call.tid)
+            thread_record[call.tid] = (thread_last.get(call.tid), None if s is None else stream_last_launched[s])
         elif call.name in WAIT_CALLS:
             r = thread_record.get(call.tid)
-            if r is not None:
+            if r is not None and r != (None, None):
                 thread_wait[call.tid] = r
         elif call.name in SYNC_CALLS:
             end = call.ts_ns + call.dur_ns
