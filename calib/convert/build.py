@@ -11,8 +11,9 @@ Choices (docs/formats.md, "Converted ETs"):
 - Dependencies (data_deps): the previous node on the same stream; cross-stream waits
   (cudaEventRecord then cudaStreamWaitEvent on one CPU thread -> the op the thread launches next: before
   an NCCL kernel, the op launched last before the record by any thread on the stream of the thread's
-  last compute launch, its current stream; before a compute kernel, the thread's own last launch); CUDA syncs (the next op of each stream launched after a
-  synchronize depends on every stream's last op that had finished when it returned). A cross-stream
+  last compute launch, its current stream; before a compute kernel, the thread's own last launch);
+  CUDA syncs (the next op of each stream launched after a synchronize depends on every stream's last
+  op that had finished when it returned). A cross-stream
   dependency is kept only when the measured timeline agrees (the source ended before the target began).
 - Collectives of one process group are chained (ctrl_deps) in issue order.
 - send/recv carry comm_src, comm_dst and comm_tag = pg x 100000 + k, where k counts the messages of
