@@ -81,6 +81,7 @@ def redo_p2p_deps(path: str | Path) -> int:
     every send and recv. Returns the number of send/recv nodes whose dependencies changed."""
     from calib.chakra.codec import read_et, write_et
     from calib.chakra.model import NodeType
+    from calib.report import write_text_atomic
 
     p2p = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
     changed = 0
@@ -107,7 +108,5 @@ def redo_p2p_deps(path: str | Path) -> int:
         data.setdefault("notes", {})["et_p2p_deps"] = (
             f"{changed} send/recv dependencies redone by measure.reconvert.redo_p2p_deps after the converter's "
             "event-record fix (traces/README.md)")
-        tmp = manifest.with_name(manifest.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        os.replace(tmp, manifest)
+        write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True))
     return changed

@@ -11,12 +11,12 @@ tables are not touched.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from calib.bundle.io import read_bundle
 from calib.errors import CalibError
+from calib.report import write_text_atomic
 
 
 def step_median_s(path: Path) -> float:
@@ -45,9 +45,7 @@ def link_twins(on: Path, off: Path) -> float:
     data.setdefault("notes", {})["telemetry_twin"] = {
         "off_bundle": off.name, "method": "median measured step (slowest rank) on / off - 1",
     }
-    tmp = mf.with_name("manifest.json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, mf)
+    write_text_atomic(mf, json.dumps(data, indent=2, sort_keys=True))
     return frac
 
 
