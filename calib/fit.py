@@ -330,8 +330,15 @@ def _kind_or_none(kind: object) -> str | None:
         return None
 
 
+def timed_by_events(b: Bundle) -> bool:
+    """Whether a collectives bundle timed its calls with CUDA events (launch floor included) rather
+    than by their NCCL kernels (measure/collectives.py; bundles before notes.timing_method: events)."""
+    return (b.manifest.notes or {}).get("timing_method", "events") != "kernel"
+
+
 def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(microbenchmark points, training transfer points): domain, kind, group_size, bytes, time_s, bundle.
+    """(microbenchmark points, training transfer points): domain, kind, group_size, bytes, time_s, bundle
+    and events (timed by CUDA events around the call, so with a launch floor: see timed_by_events).
 
     time_s is the transfer part (transfer_s) where the bundle has it, else the whole time_s; a
     training call's member ranks make one point (calib.models.network_points)."""
@@ -360,6 +367,7 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
             "bytes": df["bytes"].astype(float).to_numpy(),
             "time_s": t[ok].astype(float).to_numpy(),
             "bundle": b.id,
+            "events": b.manifest.kind == "collectives" and timed_by_events(b),
         })
         out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
         if b.manifest.kind != "collectives":  # one point per NCCL call, not per member rank
@@ -373,10 +381,12 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
 
 
 def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
-    """Median time per (domain, kind, group size, bytes, source), grouped by series."""
+    """Median time per (domain, kind, group size, bytes, source, timing), grouped by series: `bench`
+    says microbenchmark or training, `events` which latency the point carries (Series.fit)."""
     parts = [d.assign(bench=flag) for d, flag in ((micro, True), (train, False)) if not d.empty]
     pts = pd.concat(parts, ignore_index=True)
-    agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench"], as_index=False)["time_s"].median()
+    pts["events"] = pts["events"].fillna(False).astype(bool) if "events" in pts.columns else pts["bench"]
+    agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench", "events"], as_index=False)["time_s"].median()
     return {(d, k, int(n)): g.sort_values("bytes").reset_index(drop=True)
             for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
 
@@ -396,17 +406,14 @@ def network_fold_predictions(fits: dict[tuple[str, str, int], pd.DataFrame], mod
             tr = g[~test]
             try:
                 ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
-                                 bench=tr["bench"].to_numpy(bool))
+                                 bench=tr["events"].to_numpy(bool))
             except CalibError:
                 continue
             te = g[test]
-            for bench in (True, False):
-                part = te[te["bench"] == bench]
-                if part.empty:
-                    continue
-                alpha = None if bench else model.alpha_for(ser)
-                p = ser.predict(part["bytes"].to_numpy(float), bench=bench, alpha_s=alpha)
-                rows.append(pd.DataFrame({"series": f"{dom}/{kind}/{n}", "bench": bench,
+            for (bench, events), part in te.groupby(["bench", "events"]):
+                alpha = None if events else model.alpha_for(ser)
+                p = ser.predict(part["bytes"].to_numpy(float), bench=bool(events), alpha_s=alpha)
+                rows.append(pd.DataFrame({"series": f"{dom}/{kind}/{n}", "bench": bool(bench),
                                           "bytes": part["bytes"].to_numpy(float), "pred": p,
                                           "meas": part["time_s"].to_numpy(float)}))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
@@ -424,7 +431,7 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
     for (dom, kind, n), g in series_pts.items():
         try:
             model.series[model.key(dom, kind, n)] = Series.fit(
-                dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["bench"].to_numpy(bool))
+                dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["events"].to_numpy(bool))
             fits[(dom, kind, n)] = g
         except CalibError:
             skipped.append(f"{dom}/{kind}/{n} ({g['bytes'].nunique()} size(s))")

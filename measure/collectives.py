@@ -10,6 +10,14 @@ transfer_s the fastest member's (the member that arrived last waited least, so i
 closest to pure transfer); wait_s is their difference. The table holds the medians over
 repetitions and the nccl-tests algbw/busbw of the median time (measure/conventions.py). Groups are
 the first n ranks of the host.
+
+`timing="kernel"` (CUDA only) times what the simulator consumes instead: after `warmup` calls and a
+barrier, `repeats` back-to-back collectives run under the CUDA profiler (Kineto) and each call is
+timed by its NCCL kernel's duration, as the collectives inside profiled training steps are
+(calib.convert.run). Per call, time_s is the longest member's kernel and transfer_s the shortest
+(the last member to launch waits least), the medians over calls go to the table. No launch floor:
+these points share the training collectives' latency. The manifest's notes.timing_method says
+which of the three ways a bundle was timed ("events-one-call", "events-loop", "kernel").
 """
 
 from __future__ import annotations
@@ -71,6 +79,31 @@ def _make_op(dist: Any, torch: Any, kind: str, n: int, count: int, dtype: Any, d
     return lambda: dist.all_reduce(buf, group=group)
 
 
+def _kernel_durations(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any
+                      ) -> list[float]:
+    """Seconds of each of `repeats` back-to-back calls' NCCL kernels, in launch order, from a CUDA
+    profile of just those calls (warm-up calls and the barrier stay outside it)."""
+    import tempfile
+
+    for _ in range(warmup):
+        op()
+    dist.barrier(group=group)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            op()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    kernels = sorted((float(e["ts"]), float(e["dur"]) * 1e-6) for e in events
+                     if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower())
+    if len(kernels) != repeats:
+        raise CalibError(f"kernel timing: the profile holds {len(kernels)} NCCL kernels for {repeats} calls")
+    return [d for _, d in kernels]
+
+
 def _bench(args: dict) -> None:
     """Body of one rank (under torchrun)."""
     import torch
@@ -94,6 +127,7 @@ def _bench(args: dict) -> None:
         if n <= world:
             groups[n] = dist.new_group(list(range(n))) if n < world else dist.group.WORLD
     iters = int(args.get("iters", 1))  # collectives per timed window
+    kernel_timing = args.get("timing", "events") == "kernel"
     results = []
 
     def clock() -> tuple:
@@ -118,18 +152,21 @@ def _bench(args: dict) -> None:
                 count = _elements(kind, n, nbytes, elem)
                 if member:
                     op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
-                    times = []
-                    for i in range(args["warmup"] + args["repeats"]):
-                        dist.barrier(group=group)
-                        if cuda:
-                            torch.cuda.synchronize()
-                        a = clock()
-                        for _ in range(iters):
-                            op()
-                        b = clock()
-                        t = elapsed(a, b) / iters
-                        if i >= args["warmup"]:
-                            times.append(t)
+                    if kernel_timing:
+                        times = _kernel_durations(torch, op, args["warmup"], args["repeats"], dist, group)
+                    else:
+                        times = []
+                        for i in range(args["warmup"] + args["repeats"]):
+                            dist.barrier(group=group)
+                            if cuda:
+                                torch.cuda.synchronize()
+                            a = clock()
+                            for _ in range(iters):
+                                op()
+                            b = clock()
+                            t = elapsed(a, b) / iters
+                            if i >= args["warmup"]:
+                                times.append(t)
                     mine = torch.tensor(times, dtype=torch.float64, device=dev)
                     allt = [torch.empty_like(mine) for _ in range(n)]
                     dist.all_gather(allt, mine, group=group)
@@ -159,9 +196,13 @@ def measure_collectives(
     out: str | Path, gpus: int, device: str = "cuda", sizes: list[int] | None = None,
     kinds: list[str] | None = None, group_sizes: tuple[int, ...] = (2, 4, 8), warmup: int = 5,
     repeats: int = 20, master_port: int = 29700, timeout_s: float = 1200.0, overwrite: bool = False,
-    iters: int = 1,
+    iters: int = 1, timing: str = "events",
 ) -> Path:
     kinds = list(kinds or KINDS)
+    if timing not in ("events", "kernel"):
+        raise CalibError(f"collective timing is 'events' or 'kernel', not {timing!r}")
+    if timing == "kernel" and device != "cuda":
+        raise CalibError("kernel timing reads NCCL kernels from the CUDA profiler: it needs --device cuda")
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise CalibError(f"unknown collective(s) {', '.join(bad)}; known: {', '.join(KINDS)}")
@@ -184,16 +225,20 @@ def measure_collectives(
         "sizes_bytes": sizes, "group_sizes": list(gs), "warmup": warmup, "repeats": repeats, "iters": iters,
         "dtype": "bfloat16" if device == "cuda" else "float32", "groups": "first n ranks of the host",
         "conventions": "nccl-tests: all_gather sized by total output, reduce_scatter by total input; GB/s = 1e9 B/s",
-        "timing": (f"per repetition: barrier, then CUDA events around {iters} back-to-back collectives, divided by "
-                   f"{iters}" if iters > 1 else "per repetition: barrier, then CUDA events around one collective")
-                  + "; time_s = median over repetitions of the slowest member, transfer_s = of the fastest, wait_s = of "
-                    "their difference",
+        "timing": (f"warm-up, barrier, then {repeats} back-to-back collectives under the CUDA profiler, each timed by "
+                   "its NCCL kernel; time_s = median over calls of the longest member's kernel, transfer_s = of the "
+                   "shortest, wait_s = of their difference" if timing == "kernel" else
+                   (f"per repetition: barrier, then CUDA events around {iters} back-to-back collectives, divided by "
+                    f"{iters}" if iters > 1 else "per repetition: barrier, then CUDA events around one collective")
+                   + "; time_s = median over repetitions of the slowest member, transfer_s = of the fastest, wait_s = "
+                     "of their difference"),
+        "timing_method": "kernel" if timing == "kernel" else ("events-loop" if iters > 1 else "events-one-call"),
     })
     writer = open_writer(out, manifest, overwrite)
     work = writer.dir("work")
     result = work / "result.json"
     args = {"device": device, "sizes": sizes, "kinds": kinds, "group_sizes": list(gs), "warmup": warmup,
-            "repeats": repeats, "iters": iters, "out": str(result)}
+            "repeats": repeats, "iters": iters, "timing": timing, "out": str(result)}
     (work / "args.json").write_text(json.dumps(args))
     env = child_env({"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--nnodes=1",

@@ -130,6 +130,17 @@ def test_collectives_timed_back_to_back(tmp_path: Path) -> None:
     assert (b.table("collectives")["time_s"] > 0).all()
     with pytest.raises(CalibError, match="iters >= 1"):
         measure_collectives(tmp_path / "bad", 2, device="cpu", sizes=[1024], iters=0)
+    assert b.manifest.notes["timing_method"] == "events-loop"
+
+
+def test_kernel_timing_needs_cuda_and_a_known_method(tmp_path: Path) -> None:
+    from measure.collectives import measure_collectives
+
+    with pytest.raises(CalibError, match="needs --device cuda"):
+        measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel")
+    with pytest.raises(CalibError, match="'events' or 'kernel'"):
+        measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="wall")
+    assert not (tmp_path / "k").exists()
 
 
 def test_cpu_bundle_in_tests_data_is_readable() -> None:

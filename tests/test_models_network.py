@@ -233,3 +233,24 @@ def test_member_ranks_of_one_call_make_one_point() -> None:
     assert len(out[out["kind"] == "sendrecv"]) == 2
     plain = rows.drop(columns=["pg_name", "seq"])
     assert merge_instances(plain).equals(plain)
+
+
+def test_kernel_timed_microbenchmarks_carry_the_training_latency() -> None:
+    """The committed H200 bundles: the collectives timed by their NCCL kernels are not event-timed,
+    and fitted alone their latency is the in-training one (microseconds), not the ~45-60 us launch
+    floor of the event-timed bundles."""
+    from pathlib import Path
+
+    from calib.bundle.io import read_bundle
+    from calib.fit import collective_points
+
+    root = Path(__file__).resolve().parents[1] / "traces" / "h200"
+    if not (root / "collectives-2gpu-kernel").is_dir():
+        pytest.skip("no kernel-timed collectives bundle")
+    micro, _ = collective_points([read_bundle(root / "collectives-2gpu-kernel"), read_bundle(root / "collectives-2gpu-smoke")])
+    assert set(micro.loc[micro["bundle"] == "collectives-2gpu-kernel", "events"]) == {False}
+    assert set(micro.loc[micro["bundle"] == "collectives-2gpu-smoke", "events"]) == {True}
+    ar = micro[(micro["kind"] == "allreduce") & (micro["group_size"] == 2)]
+    ser = Series.fit("intra", "allreduce", 2, ar["bytes"].to_numpy(float), ar["time_s"].to_numpy(float),
+                     bench=ar["events"].to_numpy(bool))
+    assert ser.has_trace and 0 < ser.alpha_s < 15e-6 and ser.alpha_bench_s > 30e-6

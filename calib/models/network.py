@@ -76,11 +76,11 @@ def bus_factor(kind: str, n: int) -> float:
 class Series:
     """One fitted (domain, kind, group size) curve; plain numbers.
 
-    Two latencies: `alpha_s` is that of collectives inside profiled training steps (the NCCL
-    kernel's own duration), `alpha_bench_s` that of the microbenchmarks, whose CUDA events around
-    one collective on an idle GPU add a launch floor of tens of microseconds. Predictions use
-    `alpha_s`; a series whose training collectives include no latency-bound size (<= 1 MiB)
-    gets alpha_bench_s minus its domain's typical floor (CollectiveModel.bench_floor_s).
+    Two latencies: `alpha_s` is that of NCCL kernel durations (collectives inside profiled training
+    steps, and microbenchmarks timed by their kernels), `alpha_bench_s` that of microbenchmarks
+    timed by CUDA events, whose events around one collective on an idle GPU add a launch floor of
+    tens of microseconds. Predictions use `alpha_s`; a series with no kernel-timed latency-bound
+    size (<= 1 MiB) gets alpha_bench_s minus its domain's typical floor (CollectiveModel.bench_floor_s).
     `pipeline_s_per_sqrt_byte` is c in the module's t = alpha + c*sqrt(x) + x/busbw (0 in files
     written before that form); `residual` is a log-size correction (zero unless fitted with
     max_segments > 0, or loaded from an older file).
@@ -110,7 +110,7 @@ class Series:
     @classmethod
     def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 0,
             bench: np.ndarray | None = None) -> Series:
-        """Fit the module's form; `bench` marks microbenchmark points (their own latency).
+        """Fit the module's form; `bench` marks points timed by CUDA events (their own latency).
 
         max_segments > 0 adds a clamped piecewise-linear residual in log size on top (least
         squares in log time); 5-fold cross-validation on the H200 collectives found it hurts
@@ -131,8 +131,8 @@ class Series:
             base = np.where(b, alpha_b, alpha_t) + c * np.sqrt(x) + beta * x
             segs = max(1, min(max_segments, len(np.unique(s)) // 3))
             resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
-        # The in-training latency counts as measured only when training collectives include
-        # latency-bound sizes (<= 1 MiB); otherwise it comes from the microbenchmark (see class doc).
+        # The in-training latency counts as measured only when kernel-timed points include
+        # latency-bound sizes (<= 1 MiB); otherwise it comes from the event-timed ones (see class doc).
         return cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
                    alpha_b, bool((~b & (s <= MIB)).any()), c)
 
@@ -397,8 +397,8 @@ class CollectiveModel:
     def to_dict(self) -> dict:
         return {
             "form": "(alpha + pipeline_s_per_sqrt_byte * sqrt(x) + x / busbw) * exp(clamped piecewise residual in log10 "
-                    "bytes), x = bytes * bus_factor; alpha from profiled training collectives, alpha_bench from "
-                    "microbenchmarks (launch floor included)",
+                    "bytes), x = bytes * bus_factor; alpha from NCCL kernel durations (profiled training collectives, "
+                    "kernel-timed microbenchmarks), alpha_bench from event-timed microbenchmarks (launch floor included)",
             "form_version": FORM_VERSION,
             "size_convention": "nccl-tests (all-gather: total output; reduce-scatter: total input)",
             "gpus_per_node": self.gpus_per_node,

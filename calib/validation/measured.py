@@ -53,6 +53,36 @@ def measured_step(bundle: Bundle) -> MeasuredStep:
     return MeasuredStep(time_s=median, steps=len(per_step), spread=float((p90 - p10) / median))
 
 
+def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
+    """The SM clock during the profiled step over the SM clock during the measured steps (per GPU the
+    median telemetry sample of each window, then the median over GPUs); 1.0 where the telemetry
+    cannot say (none recorded, no SM clock, fewer than `min_samples` samples in a window).
+
+    The profiler slows the host, the GPU idles more and stays under its power cap, so a power-capped
+    run's profiled kernels run at a higher clock (up to 11 % on the H200 runs) than the same kernels
+    in its unprofiled steps, whose time is the measured step."""
+    if not bundle.has("telemetry"):
+        return 1.0
+    tel = bundle.table("telemetry")
+    steps = bundle.table("steps")
+    if tel.empty or "sm_clock_hz" not in tel.columns or steps.empty:
+        return 1.0
+    prof = steps["profiled"].astype(bool)
+    if not prof.any() or prof.all():
+        return 1.0
+    windows = [(float(g["start_s"].min()), float((g["start_s"] + g["time_s"]).max())) for g in (steps[prof], steps[~prof])]
+    ratios = []
+    for _, g in tel.groupby("gpu"):
+        clock = []
+        for lo, hi in windows:
+            w = g.loc[(g["t_s"] >= lo) & (g["t_s"] <= hi), "sm_clock_hz"].to_numpy(dtype=float)
+            w = w[np.isfinite(w) & (w > 0)]
+            clock.append(float(np.median(w)) if len(w) >= min_samples else float("nan"))
+        if all(np.isfinite(clock)):
+            ratios.append(clock[0] / clock[1])
+    return float(np.median(ratios)) if ratios else 1.0
+
+
 def measured_energy_per_step_j(bundle: Bundle) -> float | None:
     """Energy of one step summed over the run's GPUs, from the energy counters over the measured steps.
 

@@ -1,7 +1,10 @@
 """Replay a measured run's own converted ETs through the simulator on the calibrated network.
 
 How a converted ET is replayed (what "replay" means in every report):
-  - GPU kernels (COMP nodes) keep their measured durations (attr duration_ns), unscaled;
+  - GPU kernels (COMP nodes) keep their measured durations (attr duration_ns), except that GEMM and
+    attention kernels are scaled by the run's profiled-over-measured SM clock ratio
+    (calib.validation.measured.profiled_clock_ratio: under the power cap the unprofiled steps run at a
+    lower clock than the profiled one; memory-bound kernels follow the HBM clock, which does not move);
   - host time is not replayed: calib's converter folds CPU ops into the idle gap before each GPU
     node (attr gap_ns), which the simulator does not replay, and any is_cpu_op node (an ET from
     another converter) is replayed as 0 ns. Under the profiler the host side is several times
@@ -31,12 +34,17 @@ from calib.chakra.model import CommType, ExecutionTrace, NodeType
 from calib.errors import CalibError
 from calib.sim.types import SimResult, SimWorkload
 
+# Kernels whose time follows the SM clock (compute-bound); memory-bound ones follow the HBM clock,
+# which does not move under the power cap.
+CLOCK_BOUND = frozenset({"gemm", "attention"})
+
 
 @dataclass
 class RunTraces:
     traces: dict[int, ExecutionTrace]
     comm_groups: dict[int, list[int]]
     uneven: int = 0  # variable-size collectives evened out, set by replay_workload
+    clock_scale: float = 1.0  # profiled over measured SM clock (calib.validation.measured.profiled_clock_ratio)
 
 
 def read_run_traces(bundle: Bundle) -> RunTraces:
@@ -58,7 +66,9 @@ def read_run_traces(bundle: Bundle) -> RunTraces:
             groups = {int(k): [int(r) for r in v] for k, v in raw.items()}
         except (ValueError, TypeError, AttributeError) as exc:
             raise CalibError(f"bundle {bundle.path}: et/comm_groups.json is not a {{id: [ranks]}} map ({exc})") from None
-    return RunTraces(traces, groups)
+    from calib.validation.measured import profiled_clock_ratio
+
+    return RunTraces(traces, groups, clock_scale=profiled_clock_ratio(bundle))
 
 
 def check_replayable(run: RunTraces, pp: int, source: str) -> None:
@@ -73,13 +83,17 @@ def check_replayable(run: RunTraces, pp: int, source: str) -> None:
         )
 
 
-def replay_trace(trace: ExecutionTrace) -> ExecutionTrace:
+def replay_trace(trace: ExecutionTrace, clock_scale: float = 1.0) -> ExecutionTrace:
     """A copy of one rank's converted ET prepared for replay (see the module docstring)."""
     out = copy.deepcopy(trace)
     for n in out.nodes:
         if n.type == NodeType.METADATA_NODE:
             continue
-        if n.is_cpu_op:
+        if clock_scale != 1.0 and n.type == NodeType.COMP_NODE and not n.is_cpu_op and n.attr("op_class") in CLOCK_BOUND:
+            ns = int(round(int(n.attr("duration_ns") or 0) * clock_scale))
+            n.duration_micros = int(round(ns / 1000))
+            n.set_attr("duration_ns", ns)
+        elif n.is_cpu_op:
             n.duration_micros = 0
             n.set_attr("duration_ns", 0)
         elif n.type in (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE):
@@ -120,7 +134,7 @@ def even_variable_collectives(traces: dict[int, ExecutionTrace]) -> int:
 
 
 def replay_workload(run: RunTraces) -> SimWorkload:
-    prepared = {r: replay_trace(t) for r, t in run.traces.items()}
+    prepared = {r: replay_trace(t, run.clock_scale) for r, t in run.traces.items()}
     run.uneven = even_variable_collectives(prepared)
     return SimWorkload.per_rank(prepared, run.comm_groups)
 

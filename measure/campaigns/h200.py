@@ -116,6 +116,21 @@ TRAININGS += [
     ("gpt6.7b-tp2-sp-raw", G67B, 2, 1, 1, 1, 2, 8, "none", ["--sequence-parallel", "--keep-raw"]),
 ]
 
+# Round 9 (ninth session, a 2 x H200 lease): the 2-GPU collectives timed by their NCCL kernels (what the
+# simulator consumes, no launch floor: measure/collectives.py), and host-bound twins of three
+# configurations at sequence 256: the same kernels launched (fewer tokens each), so the GPU waits for
+# the host nearly all the step and the step time measures the host's pace per configuration
+# (docs/host.md). Predicted before they were measured (traces/README.md, round 9).
+L8B_S256 = "llama3-8b@L4,S256"
+MIX_S256 = "mixtral-8x7b@L2,S256"
+ROUND9 = ["collectives-2gpu-kernel", "llama8b-tp2-s256", "mixtral-tp2-sp-s256", "mixtral-ep2-s256", "llama8b-1gpu-s256"]
+TRAININGS += [
+    ("llama8b-tp2-s256", L8B_S256, 2, 1, 1, 1, 1, 8, "none", []),
+    ("mixtral-tp2-sp-s256", MIX_S256, 2, 1, 1, 1, 1, 4, "none", ["--sequence-parallel"]),
+    ("mixtral-ep2-s256", MIX_S256, 1, 1, 2, 2, 2, 4, "none", []),
+    ("llama8b-1gpu-s256", L8B_S256, 1, 1, 1, 1, 2, 8, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -175,6 +190,10 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND6]
     jobs += [t(r) for r in ROUND7]
     jobs += [t(r) for r in ROUND8]
+    jobs.append(Job("collectives-2gpu-kernel", 2, ["collectives", "-o", str(out / "collectives-2gpu-kernel"), "--factor",
+                                                   "2", "--group-sizes", "2", "--timing", "kernel", "--repeats", "50"],
+                    est_s=90, timeout_s=300))
+    jobs += [t(r) for r in ROUND9[1:]]
     return jobs
 
 
