@@ -45,7 +45,7 @@ from calib.models.network import (
 from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
-from calib.ops import INT32_SPAN_BYTES, in_place_pieces, kernel_layout
+from calib.ops import INT32_SPAN_BYTES, in_place_pieces, is_split_k_reduce, kernel_layout, split_k_bytes
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -132,10 +132,30 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
             # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
             # that floor apart from the profiled steps' (back-to-back kernels).
             bench = b.manifest.kind == "kernels"
+            df = df if bench else split_k_reductions(df)
             frames.append((df if bench else shared_pieces(df)).assign(
                 bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench)))
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
+
+
+def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
+    """A profiled kernel table with cuBLAS's split-K reduction kernels recorded as the converter now
+    records them (calib.ops.split_k_reduce_record: memory-bound over the GEMM's output), not with their
+    GEMM's shape and FLOPs as tables converted before it have them (a 7 us reduction filed as a copy of
+    the 160 us GEMM it finishes)."""
+    if kernels.empty or not {"name", "op_class", "m", "n"} <= set(kernels.columns):
+        return kernels
+    mask = (kernels["op_class"].astype(str) == "gemm") & kernels["name"].map(is_split_k_reduce).astype(bool)
+    if not mask.any():
+        return kernels
+    out = kernels.copy()
+    col = lambda c: pd.to_numeric(out.loc[mask, c], errors="coerce").to_numpy(float) if c in out.columns else np.nan  # noqa: E731
+    out.loc[mask, "op_class"] = "memory"
+    out.loc[mask, "bytes"] = split_k_bytes(col("m"), col("n"), col("batch"))
+    out.loc[mask, "flops"] = 0.0
+    out.loc[mask, [c for c in ("m", "n", "k", "batch") if c in out.columns]] = np.nan
+    return out
 
 
 PIECE_KEY = ("rank", "step", "stream", "name", "aten_op", "bytes")  # equal along one split op's pieces

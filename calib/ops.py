@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 # Scalar type names as the PyTorch host trace writes them ("Tensor(c10::BFloat16)") -> (dtype, bytes)
 _DTYPES: dict[str, tuple[str, int]] = {
     "float": ("float32", 4),
@@ -273,9 +275,32 @@ _LAYOUT_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^Memcpy DtoH"), "dtoh"),
     (re.compile(r"^Memcpy HtoD"), "htod"),
     (re.compile(r"^Memset"), "memset"),
+    (re.compile(r"splitKreduce_kernel"), "splitk"),
 )
-_REDUCE_RE = re.compile(r"reduce_kernel<(\d+), (\d+)")
-LAYOUTS = ("contiguous", "unrolled", "strided", "memcpy", "dtoh", "htod", "memset")  # and reduce<A>x<B>
+_REDUCE_RE = re.compile(r"(?<!splitK)reduce_kernel<(\d+), (\d+)")
+LAYOUTS = ("contiguous", "unrolled", "strided", "memcpy", "dtoh", "htod", "memset", "splitk")  # and reduce<A>x<B>
+SPLIT_K_REDUCE = "splitKreduce_kernel"
+# cuBLAS splits a GEMM's K over thread blocks when M x N is small against K (seen at 512 tokens, not at
+# 2048), and sums the partial fp32 products in a second kernel: one fp32 read of M x N per split and a
+# write of the output. The number of splits is not recorded; bytes count one fp32 read and one write.
+SPLIT_K_BYTES_PER_ELEMENT = 4 + 2
+
+
+def is_split_k_reduce(kernel_name: object) -> bool:
+    """Whether a kernel launched by a GEMM op is cuBLAS's split-K reduction, not the GEMM itself."""
+    return SPLIT_K_REDUCE in str(kernel_name or "")
+
+
+def split_k_bytes(m: Any, n: Any, batch: Any) -> Any:
+    """Bytes a split-K reduction is counted to move for a GEMM of M x N (x batch; NaN batch: 1).
+    Scalars or arrays."""
+    batch = np.where(np.isfinite(np.asarray(batch, dtype=float)), batch, 1.0)
+    return np.asarray(m, dtype=float) * np.asarray(n, dtype=float) * batch * SPLIT_K_BYTES_PER_ELEMENT
+
+
+def split_k_reduce_record(gemm: OpRecord) -> OpRecord:
+    """The record of a GEMM op's split-K reduction kernel: memory-bound, over the GEMM's M x N output."""
+    return OpRecord("memory", gemm.aten_op, gemm.dtype, bytes=float(split_k_bytes(gemm.m, gemm.n, gemm.batch)))
 
 
 def kernel_layout(kernel_name: object) -> str:

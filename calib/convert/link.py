@@ -14,7 +14,15 @@ from calib.chakra.model import CommType
 from calib.convert.host import CommCall, HostOp, HostTrace
 from calib.convert.kineto import GpuActivity, KinetoTrace, RuntimeCall, enclosing_cpu_op, step_at
 from calib.errors import CalibError
-from calib.ops import COMM_DTYPE_BYTES, OpRecord, classify, index_pieces, largest_operand_bytes
+from calib.ops import (
+    COMM_DTYPE_BYTES,
+    OpRecord,
+    classify,
+    index_pieces,
+    is_split_k_reduce,
+    largest_operand_bytes,
+    split_k_reduce_record,
+)
 
 MISMATCH_FRACTION = 0.1  # more unlinkable or renamed ops than this: the two files are not one run
 
@@ -205,6 +213,8 @@ def link(host: HostTrace, kt: KinetoTrace, rank: int) -> list[LinkedOp]:
         elif op is not None:
             i, o = op.inputs, op.outputs
             rec = classify(op.name, i.get("shapes", []), i.get("types", []), o.get("shapes"), o.get("types"))
+            if rec.op_class == "gemm" and is_split_k_reduce(act.name):
+                rec = split_k_reduce_record(rec)
         else:
             rec = OpRecord("other", aten)
         step = None
