@@ -150,9 +150,10 @@ def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
     if not mask.any():
         return kernels
     out = kernels.copy()
-    col = lambda c: pd.to_numeric(out.loc[mask, c], errors="coerce").to_numpy(float) if c in out.columns else np.nan  # noqa: E731
+    m, n, batch = (pd.to_numeric(out.loc[mask, c], errors="coerce").to_numpy(float) if c in out.columns else np.nan
+                   for c in ("m", "n", "batch"))
     out.loc[mask, "op_class"] = "memory"
-    out.loc[mask, "bytes"] = split_k_bytes(col("m"), col("n"), col("batch"))
+    out.loc[mask, "bytes"] = split_k_bytes(m, n, batch)
     out.loc[mask, "flops"] = 0.0
     out.loc[mask, [c for c in ("m", "n", "k", "batch") if c in out.columns]] = np.nan
     return out
@@ -405,7 +406,6 @@ def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, 
     says microbenchmark or training, `events` which latency the point carries (Series.fit)."""
     parts = [d.assign(bench=flag) for d, flag in ((micro, True), (train, False)) if not d.empty]
     pts = pd.concat(parts, ignore_index=True)
-    pts["events"] = pts["events"].fillna(False).astype(bool) if "events" in pts.columns else pts["bench"]
     agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench", "events"], as_index=False)["time_s"].median()
     return {(d, k, int(n)): g.sort_values("bytes").reset_index(drop=True)
             for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}

@@ -192,6 +192,18 @@ def _bench(args: dict) -> None:
     dist.destroy_process_group()
 
 
+def _timing_note(timing: str, iters: int, repeats: int) -> str:
+    """The manifest's words for how the points were timed."""
+    if timing == "kernel":
+        return (f"warm-up, barrier, then {repeats} back-to-back collectives under the CUDA profiler, each timed by its "
+                "NCCL kernel; time_s = median over calls of the longest member's kernel, transfer_s = of the shortest, "
+                "wait_s = of their difference")
+    window = (f"CUDA events around {iters} back-to-back collectives, divided by {iters}" if iters > 1
+              else "CUDA events around one collective")
+    return (f"per repetition: barrier, then {window}; time_s = median over repetitions of the slowest member, "
+            "transfer_s = of the fastest, wait_s = of their difference")
+
+
 def measure_collectives(
     out: str | Path, gpus: int, device: str = "cuda", sizes: list[int] | None = None,
     kinds: list[str] | None = None, group_sizes: tuple[int, ...] = (2, 4, 8), warmup: int = 5,
@@ -225,13 +237,7 @@ def measure_collectives(
         "sizes_bytes": sizes, "group_sizes": list(gs), "warmup": warmup, "repeats": repeats, "iters": iters,
         "dtype": "bfloat16" if device == "cuda" else "float32", "groups": "first n ranks of the host",
         "conventions": "nccl-tests: all_gather sized by total output, reduce_scatter by total input; GB/s = 1e9 B/s",
-        "timing": (f"warm-up, barrier, then {repeats} back-to-back collectives under the CUDA profiler, each timed by "
-                   "its NCCL kernel; time_s = median over calls of the longest member's kernel, transfer_s = of the "
-                   "shortest, wait_s = of their difference" if timing == "kernel" else
-                   (f"per repetition: barrier, then CUDA events around {iters} back-to-back collectives, divided by "
-                    f"{iters}" if iters > 1 else "per repetition: barrier, then CUDA events around one collective")
-                   + "; time_s = median over repetitions of the slowest member, transfer_s = of the fastest, wait_s = "
-                     "of their difference"),
+        "timing": _timing_note(timing, iters, repeats),
         "timing_method": "kernel" if timing == "kernel" else ("events-loop" if iters > 1 else "events-one-call"),
     })
     writer = open_writer(out, manifest, overwrite)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
-from calib.bundle.io import read_bundle
+from calib.bundle.io import read_bundle, update_notes
 from calib.errors import CalibError
 from measure.convert import convert_to, raw_paths
 
@@ -29,11 +28,7 @@ def reconvert(path: str | Path, drop_raw: bool = False) -> str:
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("raw") if drop_raw else None)
     try:
         notes = convert_to(tmp, host, dev, m.steps.profiled[0])
-        data = json.loads((tmp / "manifest.json").read_text())
-        data.setdefault("notes", {}).update(notes)
-        if drop_raw:
-            data["notes"]["raw"] = "raw traces dropped after conversion"
-        (tmp / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+        update_notes(tmp, {**notes, **({"raw": "raw traces dropped after conversion"} if drop_raw else {})})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -81,7 +76,6 @@ def redo_p2p_deps(path: str | Path) -> int:
     every send and recv. Returns the number of send/recv nodes whose dependencies changed."""
     from calib.chakra.codec import read_et, write_et
     from calib.chakra.model import NodeType
-    from calib.report import write_text_atomic
 
     p2p = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
     changed = 0
@@ -103,10 +97,6 @@ def redo_p2p_deps(path: str | Path) -> int:
             write_et(trace, file)
             changed += edits
     if changed:
-        manifest = Path(path) / "manifest.json"
-        data = json.loads(manifest.read_text())
-        data.setdefault("notes", {})["et_p2p_deps"] = (
-            f"{changed} send/recv dependencies redone by measure.reconvert.redo_p2p_deps after the converter's "
-            "event-record fix (traces/README.md)")
-        write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True))
+        update_notes(path, {"et_p2p_deps": f"{changed} send/recv dependencies redone by measure.reconvert.redo_p2p_deps "
+                                           "after the converter's event-record fix (traces/README.md)"})
     return changed

@@ -124,6 +124,22 @@ def bundle_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def update_notes(path: str | os.PathLike, notes: dict) -> None:
+    """Merge `notes` into the notes of the bundle manifest at `path`, rewriting it atomically and
+    leaving every other field as written (later fixes and links record themselves there)."""
+    from calib.report import write_text_atomic  # lazily: bundle readers need not load the report code
+
+    manifest = Path(path) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data.setdefault("notes", {}).update(notes)
+    write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True))
+
+
+def steps_span_s(steps: pd.DataFrame) -> tuple[float, float]:
+    """(first start, last end) in seconds of the steps in a steps table: the window telemetry is read in."""
+    return float(steps["start_s"].min()), float((steps["start_s"] + steps["time_s"]).max())
+
+
 def read_bundle(path: str | os.PathLike, require_complete: bool = True) -> Bundle:
     """Open a bundle; refuse a partial, failed (unless asked) or unknown-schema one in one line."""
     p = Path(path)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from calib.bundle.io import steps_span_s
 from calib.errors import CalibError
 
 ACTIVITIES = ("compute", "memory", "comm", "idle")
@@ -109,8 +110,7 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     steps = _measured_steps(bundle.table("steps"))
     profiled = set(m.steps.profiled) or set(bundle.table("steps").loc[bundle.table("steps")["profiled"].astype(bool), "step"])
     kernels = bundle.table("kernels")
-    win0 = float(steps["start_s"].min())
-    win1 = float((steps["start_s"] + steps["time_s"]).max())
+    win0, win1 = steps_span_s(steps)
     n_steps = int(steps["step"].nunique())
     if win1 - win0 < MIN_WINDOW_S:
         return [], [], (f"{bundle.id}: measured steps last {win1 - win0:.3f} s, under the {MIN_WINDOW_S} s "

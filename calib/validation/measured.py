@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calib.bundle.io import Bundle
+from calib.bundle.io import Bundle, steps_span_s
 from calib.bundle.schema import RunSpec
 from calib.chakra.model import ExecutionTrace, NodeType
 from calib.errors import CalibError
@@ -70,7 +70,7 @@ def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
     prof = steps["profiled"].astype(bool)
     if not prof.any() or prof.all():
         return 1.0
-    windows = [(float(g["start_s"].min()), float((g["start_s"] + g["time_s"]).max())) for g in (steps[prof], steps[~prof])]
+    windows = [steps_span_s(steps[prof]), steps_span_s(steps[~prof])]
     ratios = []
     for _, g in tel.groupby("gpu"):
         clock = []
@@ -98,8 +98,7 @@ def measured_energy_per_step_j(bundle: Bundle) -> float | None:
     rows = steps[~steps["profiled"].astype(bool)]
     if tel.empty or rows.empty or tel["energy_j"].isna().all():
         return None
-    t0 = float(rows["start_s"].min())
-    t1 = float((rows["start_s"] + rows["time_s"]).max())
+    t0, t1 = steps_span_s(rows)
     step_s = measured_step(bundle).time_s
     total_w = 0.0
     for _, g in tel.groupby("gpu"):
