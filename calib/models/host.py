@@ -18,7 +18,11 @@ decreases with a cost, so it is interpolated between simulated costs, and the co
 one minimising the mean absolute percent error (MAPE) of the simulated against the measured steps
 over all runs, refined where a lower bound of the MAPE says it could still improve. A run that is
 already over-predicted at zero cost (GPU-bound) then constrains the cost only from where the cost
-starts to lengthen its step; the median of per-run roots would count it as wanting 0. `launch_s` is
+starts to lengthen its step; the median of per-run roots would count it as wanting 0. No cost is
+chosen above what a fitted run's host can have spent: a rank that launched n kernels within a
+measured step of T seconds spent at most T / n per launch (`_Run.cap`; the same for each sync cost).
+Without that bound the MAPE's two near-equal minima (~46 and ~60 us of launch on the H200 runs) let
+the fit jump to the upper one, which the host-bound runs rule out, when one of them is held out. `launch_s` is
 fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with device-to-host sync points),
 then `p2p_sync_s` at both (runs with pipeline send/recv syncs), then all once more. Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
 informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
@@ -133,6 +137,15 @@ class _Run:
     syncs: int  # device-to-host sync points
     step: StepOf
     p2p_syncs: int = 0  # pipeline send/recv sync points
+    # Per rank class: (launches, device-to-host sync points, pipeline sync points) of one step.
+    host_work: tuple[tuple[int, int, int], ...] = ()
+
+    def cap(self, which: int) -> float:
+        """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that this run's host can
+        have had: every rank's host did that work (and more) within the measured step. Each cost is
+        bounded alone, not jointly: a joint bound would let whichever cost is fitted first take the
+        whole step and leave the others none (inf: no bound)."""
+        return min((self.measured_s / w[which] for w in self.host_work if w[which]), default=float("inf"))
 
 
 def solve(step: Callable[[float], float], target: float, hi: float, lo: float = 0.0) -> float:
@@ -177,10 +190,13 @@ class Curves:
     lengthen its step, and from there on pulls the cost down as much as it is hurt.
     """
 
-    def __init__(self, steps: Sequence[Callable[[float], float]], measured: Sequence[float], hi: float) -> None:
+    def __init__(self, steps: Sequence[Callable[[float], float]], measured: Sequence[float], hi: float,
+                 caps: Sequence[float] | None = None) -> None:
         self.steps = list(steps)
         self.measured = np.asarray(measured, dtype=float)
         self.hi = hi
+        # Per run: the cost above which its host alone would outlast its measured step (_Run.cap).
+        self.caps = np.full(len(self.steps), np.inf) if caps is None else np.asarray(caps, dtype=float)
         self.points: list[dict[float, float]] = [{} for _ in self.steps]
         self.shared: set[float] = set()  # costs at which every run has been simulated
         self.top = hi  # above it every run is over-predicted, so the MAPE only grows (set by `coarse`)
@@ -208,11 +224,18 @@ class Curves:
         m = self.measured[list(idx)][:, None]
         return 100.0 * np.mean(np.abs(est - m) / m, axis=0)
 
+    def limit(self, idx: Sequence[int]) -> float:
+        """The highest cost worth considering for runs `idx`: `top`, or less where one of them bounds it."""
+        return float(min(self.top, np.min(self.caps[list(idx)], initial=np.inf)))
+
     def best(self, idx: Sequence[int], only_shared: bool = False) -> float:
-        """The cost in [0, top] with the least estimated MAPE over runs `idx` (the smallest such cost;
-        no simulation). The estimate is piecewise linear: its minimum lies at a simulated cost or
-        where a run's estimate crosses its measured step."""
-        cand = set(self.shared)
+        """The cost in [0, limit] with the least estimated MAPE over runs `idx` (the smallest such cost;
+        no simulation). The estimate is piecewise linear: its minimum lies at a simulated cost, where a
+        run's estimate crosses its measured step, or at the limit."""
+        top = self.limit(idx)
+        cand = {x for x in self.shared if x <= top}
+        if not cand or (not only_shared and top < self.top):
+            cand.add(top)
         if not only_shared:
             for i in idx:
                 xs, ys = self.curve(i)
@@ -221,7 +244,7 @@ class Curves:
                 k = int(np.searchsorted(ys, m))
                 if 0 < k < len(ys) and ys[k] > ys[k - 1]:
                     cand.add(float(xs[k - 1] + (m - ys[k - 1]) * (xs[k] - xs[k - 1]) / (ys[k] - ys[k - 1])))
-        c = np.array(sorted(x for x in cand if 0.0 <= x <= self.top))
+        c = np.array(sorted(x for x in cand if 0.0 <= x <= top))
         return float(c[int(np.argmin(self.mape(c, idx)))])
 
     def coarse(self) -> None:
@@ -284,9 +307,10 @@ class Curves:
             if min(abs(c - x) for x in self.shared) > SAME * self.hi:
                 self.simulate(c)
                 continue
-            shared = np.array(sorted(self.shared))
+            top = self.limit(everyone)
+            shared = np.array(sorted(x for x in self.shared if x <= top))
             least = float(np.min(self.mape(shared, everyone)))
-            xs = np.union1d(np.linspace(0.0, self.top, DENSE), shared)
+            xs = np.union1d(np.linspace(0.0, top, DENSE), shared)
             lb = self.bound(xs, everyone)
             c = float(xs[int(np.argmin(lb))])
             if lb.min() >= least - F_TOL or min(abs(c - x) for x in self.shared) <= SAME * self.hi:
@@ -322,16 +346,19 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
         # without syncs for the launch cost, without pipeline syncs for the sync cost), where there are any.
         some = [r for r in runs if not r.syncs and not r.p2p_syncs] if rnd == 0 else []
         lc = Curves([lambda x, r=r, s=sync_s, p=p2p_s: r.step(x, s, p) for r in some or runs],
-                    [r.measured_s for r in some] or measured, LAUNCH_MAX_S)
+                    [r.measured_s for r in some] or measured, LAUNCH_MAX_S,
+                    [r.cap(0) for r in some or runs])
         launch_s = lc.fit()
         some = [r for r in synced if not r.p2p_syncs] if rnd == 0 else []
         if synced:
             sc = Curves([lambda x, r=r, c=launch_s, p=p2p_s: r.step(c, x, p) for r in some or synced],
-                        [r.measured_s for r in some or synced], SYNC_MAX_S)
+                        [r.measured_s for r in some or synced], SYNC_MAX_S,
+                        [r.cap(1) for r in some or synced])
             sync_s = sc.fit()
         if piped:
             pc = Curves([lambda x, r=r, c=launch_s, s=sync_s: r.step(c, s, x) for r in piped],
-                        [r.measured_s for r in piped], SYNC_MAX_S)
+                        [r.measured_s for r in piped], SYNC_MAX_S,
+                        [r.cap(2) for r in piped])
             p2p_s = pc.fit()
     keys = [r.key for r in runs]
     held_launch = lc.heldout(keys) if cross_validate else {}
@@ -400,7 +427,6 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.workload.generate import generate
-    from calib.workload.host import count_host, count_p2p_syncs
 
     spec = bundle.manifest.spec
     if spec is None:
@@ -418,9 +444,22 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
         return cache[key]
 
     probe = generate(model, par, kernel_time, HostModel(0.0, 0.0))
-    p2p = sum(count_p2p_syncs(c.trace) for c in probe.workload.classes)
-    syncs = sum(count_host(c.trace)[1] for c in probe.workload.classes) - p2p
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p)
+    work = _host_work(probe.workload)
+    p2p = sum(w[2] for w in work)
+    syncs = sum(w[1] for w in work)
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work)
+
+
+def _host_work(workload: Any) -> tuple[tuple[int, int, int], ...]:
+    """Per rank class of a host-annotated workload: (launches, device-to-host syncs, pipeline syncs)."""
+    from calib.workload.host import count_host, count_p2p_syncs
+
+    work = []
+    for c in workload.classes:
+        launches, syncs = count_host(c.trace)
+        p2p = count_p2p_syncs(c.trace)
+        work.append((launches, syncs - p2p, p2p))
+    return tuple(work)
 
 
 def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host: Any,
@@ -443,7 +482,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, count_host, count_p2p_syncs, set_host_costs
+    from calib.workload.host import add_host_to_replay, set_host_costs
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle)
@@ -454,9 +493,9 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
     hosted = add_host_to_replay(base, 0.0, sync_s)
-    per_class = [(count_host(c.trace)[1], count_p2p_syncs(c.trace)) for c in hosted.classes]
-    p2p = max(p for _, p in per_class)
-    syncs = max(s - p for s, p in per_class)
+    work = _host_work(hosted)
+    p2p = max(w[2] for w in work)
+    syncs = max(w[1] for w in work)
 
     def step(launch_s: float, sync: float, p2p_s: float) -> float:
         key = (launch_s, sync, p2p_s)
@@ -467,7 +506,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         return cache[key]
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p)
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work)
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
