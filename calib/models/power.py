@@ -24,9 +24,9 @@ import pandas as pd
 
 from calib.bundle.io import steps_span_s
 from calib.errors import CalibError
+from calib.models.kernel import COMPUTE_CLASSES
 
 ACTIVITIES = ("compute", "memory", "comm", "idle")
-COMPUTE_CLASSES = {"gemm", "attention"}
 COMM_CLASSES = {"comm", "communication", "collective", "nccl"}
 # NVML clocks-event reason bits (nvml.h, nvmlClocksEventReason*).
 CLOCK_REASONS = {

@@ -32,11 +32,8 @@ from pathlib import Path
 from calib.bundle.io import Bundle
 from calib.chakra.model import CommType, ExecutionTrace, NodeType
 from calib.errors import CalibError
+from calib.models.kernel import COMPUTE_CLASSES
 from calib.sim.types import SimResult, SimWorkload
-
-# Kernels whose time follows the SM clock (compute-bound); memory-bound ones follow the HBM clock,
-# which does not move under the power cap.
-CLOCK_BOUND = frozenset({"gemm", "attention"})
 
 
 @dataclass
@@ -89,7 +86,9 @@ def replay_trace(trace: ExecutionTrace, clock_scale: float = 1.0) -> ExecutionTr
     for n in out.nodes:
         if n.type == NodeType.METADATA_NODE:
             continue
-        if clock_scale != 1.0 and n.type == NodeType.COMP_NODE and not n.is_cpu_op and n.attr("op_class") in CLOCK_BOUND:
+        # Compute-bound kernels follow the SM clock; memory-bound ones the HBM clock, which does not
+        # move under the power cap.
+        if clock_scale != 1.0 and n.type == NodeType.COMP_NODE and not n.is_cpu_op and n.attr("op_class") in COMPUTE_CLASSES:
             ns = int(round(int(n.attr("duration_ns") or 0) * clock_scale))
             n.duration_micros = int(round(ns / 1000))
             n.set_attr("duration_ns", ns)
