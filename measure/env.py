@@ -56,6 +56,19 @@ def visible_gpus() -> list[int]:
         return []
 
 
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> dict[str, object]:
+    """The host's CPU model and logical CPU count: the host model's cost per launch differs between
+    hosts of different sizes (docs/host.md, "pace"), and only a recorded CPU can tell the machine
+    from the number of processes sharing it."""
+    model = ""
+    try:
+        with open(cpuinfo) as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or "unknown", "logical_cpus": os.cpu_count() or 0}
+
+
 def software_versions() -> dict[str, str]:
     """Versions of the stack, read in the current process (torch imported here, lazily)."""
     import calib

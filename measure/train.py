@@ -28,7 +28,7 @@ from calib.bundle.schema import (
     TelemetryInfo,
 )
 from calib.errors import CalibError
-from measure.env import child_env, host_name, software_versions, visible_gpus
+from measure.env import child_env, host_cpu, host_name, software_versions, visible_gpus
 from measure.request import TrainRequest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +119,7 @@ def measure_training(
     )
     manifest.notes["model_arch"] = model.to_dict()
     manifest.notes["physical_gpus"] = gpus
+    manifest.notes["host_cpu"] = host_cpu()
     manifest.notes["clock"] = "start_s and t_s are seconds of CLOCK_MONOTONIC since the launcher started"
     if req.device == "cpu":
         manifest.gpu = GpuInfo(name="cpu", count=world, vendor="cpu")

@@ -51,6 +51,7 @@ def test_cpu_run_writes_a_complete_bundle(cpu_bundle: Path) -> None:
     assert [x.rank for x in m.memory] == [0, 1]
     assert m.software.torch and m.software.python
     assert m.notes["rank0_stages"][-1].endswith("results written")
+    assert m.notes["host_cpu"]["logical_cpus"] >= 1 and m.notes["host_cpu"]["model"]
     assert not (cpu_bundle.with_name(cpu_bundle.name + ".partial")).exists()
 
 
@@ -163,3 +164,12 @@ def test_oom_is_named_in_the_reason() -> None:
     exc = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\n(GPU 0; 139.8 GiB total)")
     assert is_oom(exc) and not is_oom(ValueError("bad shape"))
     assert one_line(exc) == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 139.8 GiB total)"
+
+
+def test_host_cpu_reads_the_model_name(tmp_path) -> None:
+    from measure.env import host_cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    assert host_cpu(str(info))["model"] == "Intel(R) Xeon(R) Processor"
+    assert host_cpu(str(tmp_path / "absent"))["model"]  # no /proc: the platform's name, else "unknown"

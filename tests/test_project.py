@@ -231,3 +231,28 @@ def test_readme_command_on_the_bundled_calibration(capsys) -> None:
     assert sum(out["breakdown_s"].values()) == pytest.approx(out["step_time_s"], rel=1e-6)
     assert any(c.startswith("kernel times") for c in out["calibrated"])
     assert out["error_band"]["low"] < out["step_time_s"] < out["error_band"]["high"]
+
+
+def test_host_costs_follow_the_gpus_per_host_up_to_the_largest_measured(calibration) -> None:
+    import dataclasses
+
+    from calib.models.host import HostModel
+
+    host = HostModel(20e-6, 1e-4, pace_per_doubling=1.5, host_gpus=[1, 2])
+    cal = dataclasses.replace(calibration, host=host.to_dict())
+    model = resolve_model("gpt3-1.3b").scaled_down(2, 1024)
+    cluster = load_cluster("dgx-h200")
+
+    def run(gpus: int):
+        par = ParallelConfig(tp=1, pp=1, dp=gpus, micro_batch=1, global_batch=gpus)
+        return project(model, par, cluster, cal)
+
+    one, two, sixteen = run(1), run(2), run(16)
+    line = lambda r: next(c for c in r.calibrated if c.startswith("host:"))  # noqa: E731
+    assert "20.0 us per kernel launch" in line(one) and "1 GPUs per host" in line(one)
+    assert "30.0 us per kernel launch" in line(two)
+    # 8 GPUs per node: the pace stops at the 2-GPU host measured, and the report says so.
+    assert "30.0 us per kernel launch" in line(sixteen) and "8 GPUs per host" in line(sixteen)
+    assert any("largest host measured" in n for n in sixteen.notes)
+    assert not any("largest host measured" in n for n in two.notes)
+    assert one.step_time_s < two.step_time_s
