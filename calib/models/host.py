@@ -162,6 +162,11 @@ def host_pace(per_doubling: float, gpus: int) -> float:
     return float(per_doubling) ** math.log2(gpus)
 
 
+def _relative_pace(per_doubling: float, gpus: int, ref: int) -> float:
+    """The factor on a host cost fitted at `ref` GPUs per host for a run with `gpus` on its host."""
+    return host_pace(per_doubling, gpus) / host_pace(per_doubling, ref)
+
+
 def _optional_pace(data: dict, key: str) -> float | None:
     value = _optional_cost(data, key)
     if value is not None and value < 1.0:
@@ -412,7 +417,7 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
     ps: _PaceSearch | None = None
 
     def k(r: _Run, f: float | None = None) -> float:
-        return host_pace(per_doubling if f is None else f, r.gpus) / host_pace(per_doubling if f is None else f, ref)
+        return _relative_pace(per_doubling if f is None else f, r.gpus, ref)
 
     for rnd in range(ROUNDS + (1 if off else 0)):  # each cost in turn at the others' current values
         # The first round starts each cost on the runs the costs not fitted yet cannot distort (runs
@@ -520,7 +525,7 @@ class _PaceSearch:
         if f not in self.tried:
             out = []
             for r in self.runs:
-                kr = host_pace(f, r.gpus) / host_pace(f, self.ref)
+                kr = _relative_pace(f, r.gpus, self.ref)
                 out.append(r.step(*(c * kr for c in self.costs)))
             self.tried[f] = np.array(out)
         return self.tried[f]
@@ -549,7 +554,10 @@ class _PaceSearch:
         return min(self.tried, key=lambda f: (self.mape(f), f))
 
     def heldout(self) -> dict[str, float]:
-        """Per configuration key: the tried pace with the least MAPE over the other configurations' runs."""
+        """Per configuration key: the tried pace with the least MAPE over the other configurations' runs.
+        Only paces within every run's bound were tried, the held-out configuration's own included (the
+        costs' held-out fits leave it out): `calib validate`, which refits without the configuration,
+        has no such leak."""
         keys = np.array([r.key for r in self.runs])
         out: dict[str, float] = {}
         for key in sorted(set(keys)):
