@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calib.bundle.io import read_bundle
 from calib.calibration import Calibration
 from calib.convert.kineto import read_kineto
 from calib.models.host import HostModel
@@ -52,10 +53,12 @@ def main(argv: list[str]) -> int:
         g, c = np.concatenate(gaps), np.concatenate(cpu)
         p = np.percentile(g, [10, 50, 90]) if len(g) else [np.nan] * 3
         print(f"{d.name:32} {len(g):14d} {p[0]:12.1f} {p[1]:10.1f} {p[2]:10.1f} {np.median(c) if len(c) else np.nan:19.1f}")
-    host = HostModel.from_dict(Calibration.load(str(ROOT / "calib" / "data" / "calibration-h200.yaml")).host)
-    print(f"calibration-h200 charges a read after a read one launch and one sync: "
-          f"{(host.launch_s + host.sync_s) * 1e6:.1f} us generated, "
-          f"{((host.replay_launch_s or 0.0) + host.replay_sync) * 1e6:.1f} us replayed")
+    fitted = HostModel.from_dict(Calibration.load(str(ROOT / "calib" / "data" / "calibration-h200.yaml")).host)
+    for gpus in sorted({read_bundle(d).manifest.gpu.count for d in dirs}):  # the costs of the bundles' hosts
+        host = fitted.on_host(gpus)
+        print(f"calibration-h200 charges a read after a read one launch and one sync on a {gpus}-GPU host: "
+              f"{(host.launch_s + host.sync_s) * 1e6:.1f} us generated, "
+              f"{((host.replay_launch_s or 0.0) + host.replay_sync) * 1e6:.1f} us replayed")
     return 0
 
 
