@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without `pip install -e .`
+from measure.env import host_cpu  # noqa: E402 - after the path above
 
 
 def _python_us(seconds: float) -> float:
@@ -79,24 +82,14 @@ def run(n: int, test: str, seconds: float) -> float | None:
     return statistics.median(values) if values else None
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    result = {"cpu": cpu_model(), "cpus": os.cpu_count(), "rows": []}
+    cpu = host_cpu()
+    result = {"cpu": cpu["model"], "cpus": cpu["logical_cpus"], "rows": []}
     print(f"host: {result['cpu']}, {result['cpus']} logical CPUs")
     for test in ("python", "launch"):
         for n in (int(x) for x in args.n.split(",")):

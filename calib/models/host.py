@@ -423,18 +423,20 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
         # The first round starts each cost on the runs the costs not fitted yet cannot distort (runs
         # without syncs for the launch cost, without pipeline syncs for the sync cost), where there are any.
         some = [r for r in runs if not r.syncs and not r.p2p_syncs] if rnd == 0 else []
-        lc = Curves([lambda x, r=r, s=sync_s, p=p2p_s: r.step(x * k(r), s * k(r), p * k(r)) for r in some or runs],
+        # Each run's pace is bound when its curve is made: the costs not fitted, and the pace, as they are now.
+        lc = Curves([lambda x, r=r, s=sync_s, p=p2p_s, kr=k(r): r.step(x * kr, s * kr, p * kr) for r in some or runs],
                     [r.measured_s for r in some] or measured, LAUNCH_MAX_S,
                     [r.cap(0) / k(r) for r in some or runs])
         launch_s = lc.fit()
         some = [r for r in synced if not r.p2p_syncs] if rnd == 0 else []
         if synced:
-            sc = Curves([lambda x, r=r, c=launch_s, p=p2p_s: r.step(c * k(r), x * k(r), p * k(r)) for r in some or synced],
+            sc = Curves([lambda x, r=r, c=launch_s, p=p2p_s, kr=k(r): r.step(c * kr, x * kr, p * kr)
+                         for r in some or synced],
                         [r.measured_s for r in some or synced], SYNC_MAX_S,
                         [r.cap(1) / k(r) for r in some or synced])
             sync_s = sc.fit()
         if piped:
-            pc = Curves([lambda x, r=r, c=launch_s, s=sync_s: r.step(c * k(r), s * k(r), x * k(r)) for r in piped],
+            pc = Curves([lambda x, r=r, c=launch_s, s=sync_s, kr=k(r): r.step(c * kr, s * kr, x * kr) for r in piped],
                         [r.measured_s for r in piped], SYNC_MAX_S,
                         [r.cap(2) / k(r) for r in piped])
             p2p_s = pc.fit()
@@ -608,8 +610,12 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     work = _host_work(probe.workload)
     p2p = sum(w[2] for w in work)
     syncs = sum(w[1] for w in work)
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work,
-                max(int(bundle.manifest.gpu.count), 1))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _host_gpus(bundle))
+
+
+def _host_gpus(bundle: Any) -> int:
+    """The GPUs (training processes) that shared the bundle's host: every measured run is single-host."""
+    return max(int(bundle.manifest.gpu.count), 1)
 
 
 def _host_work(workload: Any) -> tuple[tuple[int, int, int], ...]:
@@ -668,8 +674,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         return cache[key]
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work,
-                max(int(bundle.manifest.gpu.count), 1))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _host_gpus(bundle))
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
