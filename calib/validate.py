@@ -15,6 +15,7 @@ say for each number which kind it is and how many runs it rests on.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import os
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calib.bundle.io import Bundle, load_bundles, read_bundle
+from calib.bundle.io import Bundle, bundle_sha256, load_bundles, read_bundle
 from calib.errors import CalibError
 from calib.validation import engine
 from calib.validation.measured import (
@@ -226,8 +227,10 @@ def run_validation(
     write_calibration: bool = True,
     thresholds_path: str | os.PathLike | None = None,
     progress: Progress | None = None,
+    cache: bool = True,
 ) -> ValidationReport:
-    """Validate the calibration on the bundles; write the reports under `out_dir` (None: write nothing)."""
+    """Validate the calibration on the bundles; write the reports under `out_dir` (None: write nothing).
+    `cache`: reuse and keep held-out results (calib.validation.cache; keyed by code and bundles)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     if bundle_paths:
@@ -276,7 +279,7 @@ def run_validation(
 
     models: list[ModelError] = []
     if heldout and training:
-        runs_h, models = _heldout(training, real, measured, breakdowns, jobs, say, notes)
+        runs_h, models = _heldout(training, real, measured, breakdowns, jobs, cache, say, notes)
         runs += runs_h
     models += _calibration_model_errors(cal)
 
@@ -374,7 +377,7 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
 
 
 def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdowns: dict,
-             jobs: int, say: Progress, notes: list[str]) -> tuple[list[RunError], list[ModelError]]:
+             jobs: int, cache: bool, say: Progress, notes: list[str]) -> tuple[list[RunError], list[ModelError]]:
     groups: dict[str, list[Bundle]] = {}
     for b in training:
         groups.setdefault(b.manifest.spec.key(), []).append(b)
@@ -384,8 +387,7 @@ def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdo
         others = [x for x in real if engine.gpu_family(x.manifest.gpu.name) == fam
                   and (x.manifest.spec is None or x.manifest.spec.key() != key)]
         tasks.append((key, [str(b.path) for b in group], [str(x.path) for x in others]))
-    say(f"held-out: {len(tasks)} configuration(s), one fit each, {max(1, jobs)} process(es)")
-    results: list[dict] = _map(_heldout_group, tasks, jobs)
+    results = _heldout_results(tasks, jobs, cache, say, notes)
     by_id = {b.id: b for b in training}
     runs: list[RunError] = []
     kernel: list[float] = []
@@ -422,6 +424,30 @@ def _heldout(training: list[Bundle], real: list[Bundle], measured: dict, breakdo
             "sum over the held-out runs' kernels of |predicted - measured| / sum of measured (what a step sees)",
         ))
     return runs, models
+
+
+def _heldout_results(tasks: list[tuple[str, list[str], list[str]]], jobs: int, cache: bool, say: Progress,
+                     notes: list[str]) -> list[dict]:
+    """`_heldout_group` of every task, in order; with `cache`, those computed before on the same code
+    and bundles are read back (calib.validation.cache) and the new ones kept."""
+    from calib.validation import cache as store
+
+    sha = functools.cache(bundle_sha256)  # each bundle hashed once for all the keys
+    keys = [store.heldout_key(group, others, sha) for _, group, others in tasks] if cache else [""] * len(tasks)
+    results: list[dict | None] = [store.load_heldout(k) if cache else None for k in keys]
+    todo = [i for i, r in enumerate(results) if r is None]
+    reused = len(tasks) - len(todo)
+    say(f"held-out: {len(tasks)} configuration(s), {reused} from the cache, one fit each for the other "
+        f"{len(todo)} in {max(1, jobs)} process(es)")
+    for i, res in zip(todo, _map(_heldout_group, [tasks[i] for i in todo], jobs), strict=True):
+        results[i] = res
+        if cache:
+            store.store_heldout(keys[i], res)
+    if reused:
+        notes.append(f"held-out: {reused} of {len(tasks)} configuration(s) read from the cache in "
+                     f"{store.cache_dir()}, computed before by the same code on the same bundles "
+                     "(calib.validation.cache; --no-cache recomputes)")
+    return [r for r in results if r is not None]
 
 
 def _calibration_model_errors(cal: object) -> list[ModelError]:

@@ -13,6 +13,15 @@ SAMPLES = SHARED / "samples"
 ASTRA_CASES = SHARED / "reference" / "astra-sim-cases"
 TRACES = ROOT / "traces"
 TEST_DATA = ROOT / "tests" / "data"
+# The held-out cache of whoever runs the tests, read before any test points it elsewhere.
+USER_CACHE_DIR = os.environ.get("CALIB_CACHE_DIR")
+
+
+@pytest.fixture(autouse=True)
+def _own_heldout_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test validates with an empty held-out cache of its own (calib.validation.cache), so what it
+    asserts on is computed, not read back from an earlier run."""
+    monkeypatch.setenv("CALIB_CACHE_DIR", str(tmp_path_factory.mktemp("heldout-cache")))
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,10 @@ def validate(
     write_calibration: bool = typer.Option(
         True, "--write-calibration/--no-write-calibration", help="Record the errors in the calibration's `validation` section."
     ),
+    cache: bool = typer.Option(
+        True, "--cache/--no-cache", help="Reuse held-out results computed before by the same code on the same bundles "
+        "($CALIB_CACHE_DIR, else ~/.cache/calib) and keep new ones.",
+    ),
 ) -> None:
     """Rebuild every measured training run the calibration did not see and report how far off it is."""
     import sys
@@ -45,7 +49,7 @@ def validate(
             Console().print(f"[bold]{fam.upper()}[/bold]: {len(paths)} bundles -> {where}")
         report = run_validation(
             paths or None, calibration, where, replay=replay, heldout=heldout, jobs=jobs,
-            write_calibration=write_calibration, thresholds_path=thresholds,
+            write_calibration=write_calibration, thresholds_path=thresholds, cache=cache,
             progress=lambda msg: err.print(f"[dim]{msg}[/dim]"),
         )
         print_table(report)

@@ -1,0 +1,84 @@
+"""Held-out results are reused only for the same code and the same bundles (calib.validation.cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calib.bundle.io import update_notes
+from calib.validate import run_validation
+from calib.validation import cache
+from calib.validation.types import HELDOUT
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    from tests import fitdata as F
+
+    root = tmp_path / "traces"
+    F.write_kernels(root / "k")
+    F.write_collectives(root / "c", group_sizes=(2,), kinds=("all_reduce",))
+    F.write_training(root / "t1", 0.5, 0.2, 1)
+    F.write_training(root / "t2", 0.6, 0.15, 2)
+    F.write_training(root / "t3", 0.55, 0.2, 4)
+    return root
+
+
+def _heldout(root: Path, **kw: object) -> tuple[dict[str, float], list[str]]:
+    rep = run_validation([root], out_dir=None, write_calibration=False, replay=False, in_sample=False, **kw)
+    return {r.run: r.predicted_step_s for r in rep.of_kind(HELDOUT)}, rep.notes
+
+
+def _reused(notes: list[str]) -> list[str]:
+    return [n for n in notes if "read from the cache" in n]
+
+
+def test_second_validation_reads_the_same_results_back(root: Path) -> None:
+    first, notes = _heldout(root)
+    assert set(first) == {"t1", "t2", "t3"} and all(v and v > 0 for v in first.values()) and not _reused(notes)
+    assert len(list((cache.cache_dir() / "heldout").glob("*.json"))) == 3
+    again, notes = _heldout(root)
+    assert again == first and len(_reused(notes)) == 1 and "3 of 3" in _reused(notes)[0]
+
+
+def test_changed_bundle_code_or_no_cache_recomputes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _heldout(root)
+    # one bundle changes: every configuration's key holds it (left out or fitted on), none is reused
+    update_notes(root / "t2", {"touched": True})
+    assert not _reused(_heldout(root)[1])
+    assert _reused(_heldout(root)[1])
+    monkeypatch.setattr(cache, "code_digest", lambda: "other code")
+    assert not _reused(_heldout(root)[1])
+    stored = sorted((cache.cache_dir() / "heldout").glob("*.json"))
+    _, notes = _heldout(root, cache=False)  # neither read nor written
+    assert not _reused(notes) and sorted((cache.cache_dir() / "heldout").glob("*.json")) == stored
+
+
+def test_unreadable_or_foreign_entries_are_recomputed(root: Path) -> None:
+    first, _ = _heldout(root)
+    files = sorted((cache.cache_dir() / "heldout").glob("*.json"))
+    files[0].write_text("{not json")
+    data = json.loads(files[1].read_text())
+    data["key"] = "another key"
+    files[1].write_text(json.dumps(data))
+    again, notes = _heldout(root)
+    assert again == first and "1 of 3" in _reused(notes)[0]  # the intact entry only
+
+
+def test_only_complete_results_are_kept(tmp_path: Path) -> None:
+    failed = {"note": "fit without this configuration failed: too few points", "predictions": {}}
+    partial = {"note": "", "predictions": {"a": {"step_s": 1.0}, "b": {"note": "held-out prediction failed"}}}
+    ok = {"note": "", "predictions": {"a": {"step_s": 1.0, "breakdown_s": {}, "energy_j": None}}}
+    assert [cache.store_heldout(k, r) for k, r in (("f", failed), ("p", partial), ("o", ok))] == [False, False, True]
+    assert cache.load_heldout("f") is None and cache.load_heldout("o") == ok
+
+
+def test_key_follows_bundle_names_and_contents(root: Path) -> None:
+    key = cache.heldout_key([str(root / "t1")], [str(root / "t2"), str(root / "k")])
+    assert key == cache.heldout_key([str(root / "t1")], [str(root / "t2"), str(root / "k")])
+    assert key != cache.heldout_key([str(root / "t1")], [str(root / "k"), str(root / "t2")])  # fit order
+    assert key != cache.heldout_key([str(root / "t2")], [str(root / "t1"), str(root / "k")])
+    (root / "k").rename(root / "k2")
+    assert key != cache.heldout_key([str(root / "t1")], [str(root / "t2"), str(root / "k2")])
