@@ -19,7 +19,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -312,12 +312,14 @@ def _one_thread() -> None:
     threadpool_limits(1)
 
 
-def _map(fn: Callable, tasks: list[tuple], jobs: int) -> list:
-    """fn(*task) for every task, in order; in `jobs` worker processes when there is more than one."""
+def _map(fn: Callable, tasks: list[tuple], jobs: int) -> Iterator:
+    """fn(*task) for every task, in order, each as soon as it and those before it are done; in `jobs`
+    worker processes when there is more than one."""
     if jobs <= 1 or len(tasks) <= 1:
-        return [fn(*t) for t in tasks]
+        yield from (fn(*t) for t in tasks)
+        return
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_one_thread) as pool:
-        return list(pool.map(fn, *zip(*tasks, strict=True)))
+        yield from pool.map(fn, *zip(*tasks, strict=True))
 
 
 def _per_run(path: str, cal: object, cal_bundles: list[str], replay: bool, in_sample: bool
@@ -439,10 +441,12 @@ def _heldout_results(tasks: list[tuple[str, list[str], list[str]]], jobs: int, c
     reused = len(tasks) - len(todo)
     say(f"held-out: {len(tasks)} configuration(s), {reused} from the cache, one fit each for the other "
         f"{len(todo)} in {max(1, jobs)} process(es)")
-    for i, res in zip(todo, _map(_heldout_group, [tasks[i] for i in todo], jobs), strict=True):
+    # each result is kept as it arrives: an interrupted validation keeps what it finished
+    for n, (i, res) in enumerate(zip(todo, _map(_heldout_group, [tasks[i] for i in todo], jobs), strict=True), 1):
         results[i] = res
         if cache:
             store.store_heldout(keys[i], res)
+        say(f"[{n}/{len(todo)}] held out {tasks[i][0]}: {res['note'] or 'done'}")
     if reused:
         notes.append(f"held-out: {reused} of {len(tasks)} configuration(s) read from the cache in "
                      f"{store.cache_dir()}, computed before by the same code on the same bundles "

@@ -36,7 +36,7 @@ def _reused(notes: list[str]) -> list[str]:
 
 
 def test_second_validation_reads_the_same_results_back(root: Path) -> None:
-    first, notes = _heldout(root)
+    first, notes = _heldout(root, jobs=2)  # worker processes; the second run reads back in this one
     assert set(first) == {"t1", "t2", "t3"} and all(v and v > 0 for v in first.values()) and not _reused(notes)
     assert len(list((cache.cache_dir() / "heldout").glob("*.json"))) == 3
     again, notes = _heldout(root)
