@@ -82,3 +82,25 @@ def test_key_follows_bundle_names_and_contents(root: Path) -> None:
     assert key != cache.heldout_key([str(root / "t2")], [str(root / "t1"), str(root / "k")])
     (root / "k").rename(root / "k2")
     assert key != cache.heldout_key([str(root / "t1")], [str(root / "t2"), str(root / "k2")])
+
+
+def test_unusable_cache_folder_only_costs_the_reuse(root: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(cache.CACHE_ENV, str(blocker))
+    first, notes = _heldout(root)
+    again, notes2 = _heldout(root)
+    assert again == first and all(v and v > 0 for v in first.values()) and not _reused(notes + notes2)
+
+
+def test_command_line_no_cache(root: Path, tmp_path: Path) -> None:
+    from calib.cli import main
+
+    args = ["validate", str(root), "--no-replay", "--no-write-calibration"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--no-cache"]) == 0
+    assert not (cache.cache_dir() / "heldout").exists()
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert main([*args, "--out", str(tmp_path / "c")]) == 0
+    notes = json.loads((tmp_path / "c" / "validation.json").read_text())["notes"]
+    assert _reused(notes) and not _reused(json.loads((tmp_path / "b" / "validation.json").read_text())["notes"])
