@@ -435,8 +435,8 @@ def _heldout_results(tasks: list[tuple[str, list[str], list[str]]], jobs: int, c
     from calib.validation import cache as store
 
     sha = functools.cache(bundle_sha256)  # each bundle hashed once for all the keys
-    keys = [store.heldout_key(group, others, sha) for _, group, others in tasks] if cache else [""] * len(tasks)
-    results: list[dict | None] = [store.load_heldout(k) if cache else None for k in keys]
+    keys = [store.heldout_key(group, others, sha) for _, group, others in tasks] if cache else []
+    results: list[dict | None] = [store.load_heldout(k) for k in keys] if cache else [None] * len(tasks)
     todo = [i for i, r in enumerate(results) if r is None]
     reused = len(tasks) - len(todo)
     say(f"held-out: {len(tasks)} configuration(s), {reused} from the cache, one fit each for the other "

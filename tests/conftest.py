@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from calib.validation.cache import CACHE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("CALIB_SHARED", ROOT.parent / "shared"))
 SAMPLES = SHARED / "samples"
@@ -14,14 +16,14 @@ ASTRA_CASES = SHARED / "reference" / "astra-sim-cases"
 TRACES = ROOT / "traces"
 TEST_DATA = ROOT / "tests" / "data"
 # The held-out cache of whoever runs the tests, read before any test points it elsewhere.
-USER_CACHE_DIR = os.environ.get("CALIB_CACHE_DIR")
+USER_CACHE_DIR = os.environ.get(CACHE_ENV)
 
 
 @pytest.fixture(autouse=True)
 def _own_heldout_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test validates with an empty held-out cache of its own (calib.validation.cache), so what it
     asserts on is computed, not read back from an earlier run."""
-    monkeypatch.setenv("CALIB_CACHE_DIR", str(tmp_path_factory.mktemp("heldout-cache")))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("heldout-cache")))
 
 
 @pytest.fixture(scope="session")

@@ -159,3 +159,13 @@ def write_training(path: Path, gemm_frac: float, mem_frac: float, mbs: int, gpu:
         write_et(ExecutionTrace(), w.dir("et") / f"rank.{r}.et.gz")
     w.write_table("telemetry", pd.DataFrame(trows))
     return w.finish()
+
+
+def write_validation_set(root: Path) -> Path:
+    """Kernel and collective microbenchmarks and three training configurations (TP 2 at micro-batch 1,
+    2 and 4): the smallest set every held-out fit of `calib validate` can fit on."""
+    write_kernels(root / "k")
+    write_collectives(root / "c", group_sizes=(2,), kinds=("all_reduce",))
+    for name, gemm, mem, mbs in (("t1", 0.5, 0.2, 1), ("t2", 0.6, 0.15, 2), ("t3", 0.55, 0.2, 4)):
+        write_training(root / name, gemm, mem, mbs)
+    return root

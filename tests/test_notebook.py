@@ -7,6 +7,7 @@ import os
 import pytest
 
 from calib.bundle import load_bundles
+from calib.validation.cache import CACHE_ENV
 from calib.validation.measured import is_real_gpu
 from tests.conftest import ROOT, TRACES, USER_CACHE_DIR
 
@@ -29,9 +30,9 @@ def test_walkthrough_notebook_executes(monkeypatch: pytest.MonkeyPatch) -> None:
     # The walkthrough validates every committed run, as `calib validate` does next in .ci/run: its
     # held-out results go to the user's cache (not this test's own), where that command finds them.
     if USER_CACHE_DIR:
-        monkeypatch.setenv("CALIB_CACHE_DIR", USER_CACHE_DIR)
+        monkeypatch.setenv(CACHE_ENV, USER_CACHE_DIR)
     else:
-        monkeypatch.delenv("CALIB_CACHE_DIR", raising=False)
+        monkeypatch.delenv(CACHE_ENV, raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # the validation cell refits once per held-out configuration (~26 min for 45 on 2 cores since the
     # host fit's pace search, eleventh session): a cell may take up to an hour

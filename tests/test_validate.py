@@ -245,12 +245,7 @@ def test_orchestrator_on_synthetic_bundles(tmp_path: Path) -> None:
     from calib.fit import fit_calibration
     from tests import fitdata as F
 
-    root = tmp_path / "traces"
-    F.write_kernels(root / "k")
-    F.write_collectives(root / "c", group_sizes=(2,), kinds=("all_reduce",))
-    F.write_training(root / "t1", 0.5, 0.2, 1)
-    F.write_training(root / "t2", 0.6, 0.15, 2)
-    F.write_training(root / "t3", 0.55, 0.2, 4)
+    root = F.write_validation_set(tmp_path / "traces")
     cpu_bundle(root / "cpu", {0: [1.0, 1.0], 1: [1.0, 1.0]})
     cal_path = tmp_path / "cal.yaml"
     fit_calibration(load_bundles_real(root)).save(cal_path)

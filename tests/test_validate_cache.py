@@ -11,19 +11,12 @@ from calib.bundle.io import update_notes
 from calib.validate import run_validation
 from calib.validation import cache
 from calib.validation.types import HELDOUT
+from tests.fitdata import write_validation_set
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    from tests import fitdata as F
-
-    root = tmp_path / "traces"
-    F.write_kernels(root / "k")
-    F.write_collectives(root / "c", group_sizes=(2,), kinds=("all_reduce",))
-    F.write_training(root / "t1", 0.5, 0.2, 1)
-    F.write_training(root / "t2", 0.6, 0.15, 2)
-    F.write_training(root / "t3", 0.55, 0.2, 4)
-    return root
+    return write_validation_set(tmp_path / "traces")
 
 
 def _heldout(root: Path, **kw: object) -> tuple[dict[str, float], list[str]]:
