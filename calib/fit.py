@@ -132,7 +132,7 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
             # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
             # that floor apart from the profiled steps' (back-to-back kernels).
             bench = b.manifest.kind == "kernels"
-            df = df if bench else split_k_reductions(df)
+            df = df if bench else reduction_shapes(split_k_reductions(df), b)
             frames.append((df if bench else shared_pieces(df)).assign(
                 bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench)))
             used.append(b)
@@ -156,6 +156,53 @@ def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
     out.loc[mask, "bytes"] = split_k_bytes(m, n, batch)
     out.loc[mask, "flops"] = 0.0
     out.loc[mask, [c for c in ("m", "n", "k", "batch") if c in out.columns]] = np.nan
+    return out
+
+
+def reduction_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
+    """A profiled kernel table with the reductions' shapes (m output elements, k reduced into each:
+    calib.ops.reduction_shape) filled in where the converter did not record them (tables converted
+    before it did) and the bundle's configuration says which they are: a memory-bound row of the aten
+    op and dtype of one of the generated step's reductions (calib.workload.ops.reduction) whose bytes
+    are that reduction's, or, for an expert's reduction (its rows follow the routing, which the
+    generator balances), a whole number of its rows. A row that fits two reductions is left as it is."""
+    spec = bundle.manifest.spec
+    if spec is None or kernels.empty or not {"op_class", "aten_op", "dtype", "bytes", "m", "k"} <= set(kernels.columns):
+        return kernels
+    known = _generated_reductions(spec)
+    if not known:
+        return kernels
+    m = pd.to_numeric(kernels["m"], errors="coerce").to_numpy(float)
+    k = pd.to_numeric(kernels["k"], errors="coerce").to_numpy(float)
+    by = pd.to_numeric(kernels["bytes"], errors="coerce").to_numpy(float)
+    todo = (kernels["op_class"].astype(str).to_numpy() == "memory") & ~np.isfinite(m) & ~np.isfinite(k) & (by > 0)
+    if not todo.any():
+        return kernels
+    key = kernels["aten_op"].astype(str) + "|" + kernels["dtype"].astype(str)
+    m, k = m.copy(), k.copy()
+    for (name, b), idx in pd.Series(np.flatnonzero(todo)).groupby([key.to_numpy()[todo], by[todo]]):
+        found = {shape for op in known.get(name, ()) if (shape := op.rows_of(b)) is not None}
+        if len(found) == 1:
+            m[idx.to_numpy()], k[idx.to_numpy()] = next(iter(found))
+    return kernels.assign(m=m, k=k)
+
+
+def _generated_reductions(spec: object) -> dict[str, list]:
+    """The generated step's reductions with a shape, by 'aten op|dtype' as the converter spells them."""
+    from calib.validation.engine import model_of, parallel_of
+    from calib.workload.generate import generate
+    from calib.workload.ops import KnownReduction
+
+    try:
+        gen = generate(model_of(spec), parallel_of(spec), lambda t: np.zeros(len(t)))  # type: ignore[arg-type]
+    except CalibError:
+        return {}  # a configuration the generator refuses: its rows keep what the converter recorded
+    out: dict[str, list] = {}
+    for items in gen.templates.values():
+        for it in items:
+            r = KnownReduction.of(it)
+            if r is not None and r not in out.setdefault(r.key, []):
+                out[r.key].append(r)
     return out
 
 

@@ -89,7 +89,9 @@ _TENSOR_RE = re.compile(r"Tensor\(([^)]*)\)")
 
 @dataclass(slots=True)
 class OpRecord:
-    """One op's shape facts. flops in FLOP, bytes in bytes; m/n/k/batch are NaN when not a GEMM/attention."""
+    """One op's shape facts. flops in FLOP, bytes in bytes. m/n/k/batch: a GEMM's or attention's shape;
+    for a memory-bound reduction with known output, m = output elements and k = elements reduced into
+    each (`reduction_shape`); NaN otherwise."""
 
     op_class: str  # gemm | attention | memory | other
     aten_op: str
@@ -227,11 +229,25 @@ def classify(
             return OpRecord("attention", aten_name, dtype, sq, skv, d, bh, flops, float(in_bytes + out_bytes))
     if not short or short in NO_DATA_OPS or short in OTHER_COMPUTE or not (ins or outs):
         return OpRecord("other", aten_name, dtype, bytes=float(in_bytes + out_bytes))
+    base = short.rstrip("_")
     if output_shapes is None:
-        base = short.rstrip("_")
         largest = max((_numel(s) * eb for s, _, eb in ins), default=0)
         out_bytes = 0 if base in REDUCTIONS else largest
-    return OpRecord("memory", aten_name, dtype, bytes=float(in_bytes + out_bytes))
+    m, k = reduction_shape(ins[0][0] if ins else [], outs[0][0] if outs else None) if base in REDUCTIONS else (0, 0)
+    return OpRecord("memory", aten_name, dtype, m=m or math.nan, k=k or math.nan, bytes=float(in_bytes + out_bytes))
+
+
+def reduction_shape(input_shape: Sequence[int], output_shape: Sequence[int] | None) -> tuple[int, int]:
+    """(output elements, elements reduced into each) of a reduction, (0, 0) where its output is unknown
+    or does not divide its input. One kernel name (reduce_kernel<512, 1>) runs a bf16 sum over rows of
+    4 elements at ~350 GB/s and over rows of 14,336 at ~2.3 TB/s (benchmarks/reduce_shapes.py): the
+    reduced length, not the bytes, sets its time."""
+    if output_shape is None:
+        return 0, 0
+    out, inp = _numel(list(output_shape)), _numel(list(input_shape))
+    if out <= 0 or inp <= 0 or inp % out:
+        return 0, 0
+    return out, inp // out
 
 
 # TensorIterator indexes an elementwise op's operands with 32-bit offsets (in bytes) where it can;

@@ -12,7 +12,9 @@ GradientBoostingRegressor (Huber loss) from these features of an op's shape:
   memory / other    log10 bytes, element size, and the largest power of two dividing the element count (a scalar
                     or broadcast operand adds a few elements to the op's bytes, so same-shape
                     operands leave many factors of two and scalar/broadcast ones few: it tells the
-                    vectorised elementwise kernels from the strided and scalar ones).
+                    vectorised elementwise kernels from the strided and scalar ones); a reduction's
+                    log10 m (outputs) and k (elements reduced into each) where known: one reduction
+                    kernel runs 6x slower per byte over rows of 4 than over rows of 14,336.
   all               op class, op family (coded in order of its mean residual; rare families share
                     one code), microbenchmark flag (never set when predicting).
 
@@ -67,8 +69,10 @@ def _alignment(v: np.ndarray) -> np.ndarray:
     return np.where(i % 64 == 0, 3, np.where(i % 16 == 0, 2, np.where(i % 8 == 0, 1, 0))).astype(float)
 
 
-def residual_features(X: pd.DataFrame, families: dict[str, int], fam: np.ndarray, sms: int) -> np.ndarray:
-    """The feature matrix (columns in FEATURES order) of op rows; `fam` = op family per row."""
+def residual_features(X: pd.DataFrame, families: dict[str, int], fam: np.ndarray, sms: int,
+                      reductions: bool = True) -> np.ndarray:
+    """The feature matrix (columns in FEATURES order) of op rows; `fam` = op family per row.
+    `reductions` False: a reduction's m and k are not seen (trees fitted before they were)."""
     n = len(X)
     cls = X["op_class"].fillna("").astype(str).to_numpy() if "op_class" in X.columns else np.full(n, "")
     flops, nbytes = np.nan_to_num(_num(X, "flops")), np.nan_to_num(_num(X, "bytes"))
@@ -77,14 +81,15 @@ def residual_features(X: pd.DataFrame, families: dict[str, int], fam: np.ndarray
     batch = np.where(batch > 0, batch, 1.0)
     shaped = np.isin(cls, ("gemm", "attention")) & np.isfinite(m) & np.isfinite(nn) & np.isfinite(k)
     att = cls == "attention"
+    reduced = (cls == "memory") & np.isfinite(m) & np.isfinite(k) & reductions
     src = X["source"].fillna("").astype(str).to_numpy() if "source" in X.columns else np.full(n, "")
     cols: dict[str, np.ndarray] = {
         "cls": np.array([CLASS_CODE.get(c, 3) for c in cls], dtype=float),
         "fam": np.array([families.get(str(f), -1) for f in fam], dtype=float),
         "bench": (src == "bench").astype(float),
         "log_flops": _log10(flops), "log_bytes": _log10(nbytes), "log_intensity": _log10(flops) - _log10(nbytes),
-        "log_m": np.where(shaped, _log10(m), 0.0), "log_n": np.where(shaped, _log10(nn), 0.0),
-        "log_k": np.where(shaped, _log10(k), 0.0), "log_batch": np.where(shaped, _log10(batch), 0.0),
+        "log_m": np.where(shaped | reduced, _log10(m), 0.0), "log_n": np.where(shaped, _log10(nn), 0.0),
+        "log_k": np.where(shaped | reduced, _log10(k), 0.0), "log_batch": np.where(shaped, _log10(batch), 0.0),
     }
     mm, nv = np.nan_to_num(m, nan=1.0), np.nan_to_num(nn, nan=1.0)
     for tm, tn in TILES:
@@ -145,7 +150,7 @@ def fit_residual(X: pd.DataFrame, fam: np.ndarray, r: np.ndarray, sms: int, base
     ranges = {c: [float(work[cls == c].min()), float(work[cls == c].max())] for c in seen}
     return {"features": list(FEATURES), "families": families, "classes": seen, "work_range": ranges,
             "sms": int(sms), "init": init,
-            "clip": [float(lo), float(hi)], "trees": trees, "count": int(len(r))}
+            "clip": [float(lo), float(hi)], "trees": trees, "count": int(len(r)), "reduction_shapes": True}
 
 
 def _short32(v: float) -> float:
@@ -222,7 +227,8 @@ def predict_residual(d: dict, X: pd.DataFrame, fam: np.ndarray, fallback: dict[s
         cls = X["op_class"].fillna("").astype(str)
         if not cls.isin(seen).all():
             X = X.assign(op_class=[c if c in seen else fallback.get(c, c) for c in cls])
-    F = residual_features(X, {str(k): int(v) for k, v in (d.get("families") or {}).items()}, fam, int(d["sms"]))
+    F = residual_features(X, {str(k): int(v) for k, v in (d.get("families") or {}).items()}, fam, int(d["sms"]),
+                          bool(d.get("reduction_shapes", False)))
     F32 = F.astype(np.float32)
     out = np.full(len(F), float(d["init"]))
     rows = np.arange(len(F))

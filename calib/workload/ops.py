@@ -62,12 +62,14 @@ class Op:
     layout: str = ""  # a memory op's operand layout (calib.ops.kernel_layout); "" where unknown
 
     def record(self) -> dict:
-        """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs)."""
+        """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs
+        but a reduction's m and k, as calib.ops.classify records them)."""
         gemm = self.op_class == "gemm"
+        reduced = not gemm and self.k > 0
         nan = float("nan")
         return {
-            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm else nan,
-            "n": self.n if gemm else nan, "k": self.k if gemm else nan, "batch": self.batch if gemm else nan,
+            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm or reduced else nan,
+            "n": self.n if gemm else nan, "k": self.k if gemm or reduced else nan, "batch": self.batch if gemm else nan,
             "flops": self.flops, "bytes": self.bytes, "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
         }
 
@@ -166,6 +168,42 @@ def gemm(name: str, m: int, n: int, k: int, dtype: str, batch: int = 1, aten_op:
 
 def memop(name: str, bytes_: float, dtype: str, aten_op: str, flops: float = 0.0) -> Op:
     return in_pieces(Op(name, "memory", flops, float(bytes_), dtype, aten_op, layout=memop_layout(name)))
+
+
+def reduction(name: str, outputs: int, length: int, dtype: str, aten_op: str = "aten::sum") -> Op:
+    """A memory-bound reduction of `outputs` rows of `length` elements each (calib.ops.reduction_shape):
+    its bytes are the input's and the output's, as the converter records them."""
+    return dataclasses.replace(memop(name, outputs * (length + 1) * DTYPE_BYTES[dtype], dtype, aten_op,
+                                     outputs * length), m=outputs, k=length)
+
+
+ROUTED = "moe.expert"  # the ops of one expert: their rows are the tokens routed to it
+
+
+@dataclass(frozen=True)
+class KnownReduction:
+    """A generated reduction as a measured kernel row would show it (calib.fit.reduction_shapes)."""
+
+    key: str  # "aten op|dtype", the dtype as calib.ops records it
+    outputs: int
+    length: int
+    element_bytes: int
+    routed: bool  # an expert's: a measured step routes its own number of rows to it
+
+    @classmethod
+    def of(cls, item: object) -> KnownReduction | None:
+        if not isinstance(item, Op) or item.op_class != "memory" or item.k <= 0:
+            return None
+        return cls(f"{item.aten_op}|{RECORD_DTYPE[item.dtype]}", item.m, item.k, DTYPE_BYTES[item.dtype],
+                   role_of(item.name).startswith(ROUTED))
+
+    def rows_of(self, nbytes: float) -> tuple[int, int] | None:
+        """(outputs, length) of a measured row of `nbytes` that is this reduction, else None."""
+        per = self.element_bytes * (self.length + 1)
+        if self.routed:
+            rows = nbytes / per
+            return (int(rows), self.length) if rows >= 1 and rows == int(rows) else None
+        return (self.outputs, self.length) if nbytes == self.outputs * per else None
 
 
 def in_pieces(op: Op) -> Op:
@@ -333,8 +371,8 @@ def _gqa_expand(tag: str, sh: Shapes, backward: bool = False) -> list[Op]:
     if not sh.gqa:
         return []
     out = sh.tokens * sh.heads * sh.d * sh.e
-    if backward:
-        return [memop(f"{tag}.{w}", out + sh.tokens * sh.kv * sh.e, sh.dtype, "aten::sum") for w in ("k", "v")]
+    if backward:  # each query group's gradients summed back into its K/V head
+        return [reduction(f"{tag}.{w}", sh.tokens * sh.kv, sh.heads * sh.d // sh.kv, sh.dtype) for w in ("k", "v")]
     return [memop(f"{tag}.{w}", 3 * out, sh.dtype, "aten::copy_") for w in ("k", "v")]
 
 
@@ -624,7 +662,7 @@ def mlp_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
             # the scaling by the routing probability differentiated: both inputs' gradients and a sum
             items += [memop(f"moe.expert{x}.scale.bwd", 3 * n * sh.e, sh.dtype, "aten::mul", n),
                       memop(f"moe.expert{x}.scale.bwd.probs", 3 * n * sh.e, sh.dtype, "aten::mul", n),
-                      memop(f"moe.expert{x}.scale.bwd.sum", n * sh.e, sh.dtype, "aten::sum", n)]
+                      reduction(f"moe.expert{x}.scale.bwd.sum", per_expert, sh.f, sh.dtype)]
             items += _mlp_body_bwd(model, sh, per_expert, f"moe.expert{x}", None, None)
         if sh.t > 1:
             items.append(Coll("moe.tp_ag.bwd", CommType.REDUCE_SCATTER, routed * sh.t * sh.h * sh.e, "tp"))
