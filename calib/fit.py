@@ -169,17 +169,14 @@ def reduction_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
     spec = bundle.manifest.spec
     if spec is None or kernels.empty or not {"op_class", "aten_op", "dtype", "bytes", "m", "k"} <= set(kernels.columns):
         return kernels
+    m, k, by = (pd.to_numeric(kernels[c], errors="coerce").to_numpy(float, copy=True) for c in ("m", "k", "bytes"))
+    todo = (kernels["op_class"].astype(str).to_numpy() == "memory") & ~np.isfinite(m) & ~np.isfinite(k) & (by > 0)
+    if not todo.any():
+        return kernels  # converted since the converter records them: no step to generate
     known = _generated_reductions(spec)
     if not known:
         return kernels
-    m = pd.to_numeric(kernels["m"], errors="coerce").to_numpy(float)
-    k = pd.to_numeric(kernels["k"], errors="coerce").to_numpy(float)
-    by = pd.to_numeric(kernels["bytes"], errors="coerce").to_numpy(float)
-    todo = (kernels["op_class"].astype(str).to_numpy() == "memory") & ~np.isfinite(m) & ~np.isfinite(k) & (by > 0)
-    if not todo.any():
-        return kernels
     key = kernels["aten_op"].astype(str) + "|" + kernels["dtype"].astype(str)
-    m, k = m.copy(), k.copy()
     for (name, b), idx in pd.Series(np.flatnonzero(todo)).groupby([key.to_numpy()[todo], by[todo]]):
         found = {shape for op in known.get(name, ()) if (shape := op.rows_of(b)) is not None}
         if len(found) == 1:
@@ -187,7 +184,7 @@ def reduction_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
     return kernels.assign(m=m, k=k)
 
 
-def _generated_reductions(spec: object) -> dict[str, list]:
+def _generated_reductions(spec: object) -> dict[str, set]:
     """The generated step's reductions with a shape, by 'aten op|dtype' as the converter spells them."""
     from calib.validation.engine import model_of, parallel_of
     from calib.workload.generate import generate
@@ -197,12 +194,10 @@ def _generated_reductions(spec: object) -> dict[str, list]:
         gen = generate(model_of(spec), parallel_of(spec), lambda t: np.zeros(len(t)))  # type: ignore[arg-type]
     except CalibError:
         return {}  # a configuration the generator refuses: its rows keep what the converter recorded
-    out: dict[str, list] = {}
+    out: dict[str, set] = {}
     for items in gen.templates.values():
-        for it in items:
-            r = KnownReduction.of(it)
-            if r is not None and r not in out.setdefault(r.key, []):
-                out[r.key].append(r)
+        for r in filter(None, map(KnownReduction.of, items)):
+            out.setdefault(r.key, set()).add(r)
     return out
 
 

@@ -61,15 +61,20 @@ class Op:
     repeat: int = 1  # kernels of this shape run back to back (a foreach op's chunks); not an OpRecord field
     layout: str = ""  # a memory op's operand layout (calib.ops.kernel_layout); "" where unknown
 
+    @property
+    def reduced(self) -> bool:
+        """A memory-bound reduction whose shape is known (`reduction`: m outputs, k reduced into each)."""
+        return self.op_class == "memory" and self.k > 0
+
     def record(self) -> dict:
         """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs
         but a reduction's m and k, as calib.ops.classify records them)."""
         gemm = self.op_class == "gemm"
-        reduced = not gemm and self.k > 0
         nan = float("nan")
         return {
-            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm or reduced else nan,
-            "n": self.n if gemm else nan, "k": self.k if gemm or reduced else nan, "batch": self.batch if gemm else nan,
+            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm or self.reduced else nan,
+            "n": self.n if gemm else nan, "k": self.k if gemm or self.reduced else nan,
+            "batch": self.batch if gemm else nan,
             "flops": self.flops, "bytes": self.bytes, "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
         }
 
@@ -192,7 +197,7 @@ class KnownReduction:
 
     @classmethod
     def of(cls, item: object) -> KnownReduction | None:
-        if not isinstance(item, Op) or item.op_class != "memory" or item.k <= 0:
+        if not isinstance(item, Op) or not item.reduced:
             return None
         return cls(f"{item.aten_op}|{RECORD_DTYPE[item.dtype]}", item.m, item.k, DTYPE_BYTES[item.dtype],
                    role_of(item.name).startswith(ROUTED))
