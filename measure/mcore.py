@@ -10,6 +10,7 @@ Tokens are random: step time does not depend on their values.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from calib.workload.models import ModelSpec
@@ -92,8 +93,39 @@ def layer_spec(req: TrainRequest, model: ModelSpec) -> Any:
     return spec
 
 
+@dataclass
+class StepParts:
+    """One training iteration in its three host phases, in the order step() runs them."""
+
+    zero: Callable[[], None]
+    forward_backward: Callable[[], None]
+    optimizer_step: Callable[[], None]
+
+    def step(self) -> None:
+        self.zero()
+        self.forward_backward()
+        self.optimizer_step()
+
+
+@dataclass
+class Training:
+    """A built megatron-core training: what probes instrument (measure.probes.host_phases)."""
+
+    parts: StepParts
+    chunks: list
+    optimizer: Any
+    config: Any
+    info: dict
+
+
 def build_training(req: TrainRequest, model: ModelSpec) -> tuple[Callable[[], None], dict]:
     """Initialise megatron's parallel state, build model + optimizer, return one-iteration step()."""
+    training = build_parts(req, model)
+    return training.parts.step, training.info
+
+
+def build_parts(req: TrainRequest, model: ModelSpec) -> Training:
+    """build_training's work, with the model chunks, optimizer and config kept."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import (
@@ -170,15 +202,16 @@ def build_training(req: TrainRequest, model: ModelSpec) -> tuple[Callable[[], No
 
     fb = get_forward_backward_func()
 
-    def step() -> None:
+    def zero() -> None:
         for c in chunks:
             c.zero_grad_buffer()
         opt.zero_grad()
+
+    def forward_backward() -> None:
         fb(
             forward_step_func=forward_step, data_iterator=[None] * len(chunks), model=chunks,
             num_microbatches=nmb, seq_length=seq, micro_batch_size=mbs, forward_only=False,
         )
-        opt.step()
 
     params = sum(x.numel() for c in chunks for x in c.parameters())
     info = {
@@ -187,4 +220,4 @@ def build_training(req: TrainRequest, model: ModelSpec) -> tuple[Callable[[], No
         "sequence_parallel_norm": "calib SequenceParallelNorm (torch norm, params marked sequence_parallel)"
         if p.sequence_parallel else "",
     }
-    return step, info
+    return Training(StepParts(zero, forward_backward, opt.step), chunks, opt, config, info)

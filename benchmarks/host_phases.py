@@ -1,0 +1,109 @@
+"""Host time per launch by phase, from measure.probes.host_phases' results (docs/host.md, fifteenth session).
+
+    python benchmarks/host_phases.py [RESULT_DIR ...]   (default: traces/h200/_probes/host-phases-*)
+
+Per probed configuration (one H200): the median over the timed steps of the host's time in all
+micro-batches' forwards and backwards (megatron-core's schedule functions, host timestamps, no device
+syncs), the launches the profiled step made inside them, and their ratio; the optimizer's host time
+and where the host finished the step against the measured (synchronised) step. `--modules` adds the
+exclusive host time and launches of each instrumented module and stage.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _by_step(spans: list) -> dict[int, list[tuple[str, int, int]]]:
+    out: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+    for label, step, start, end in spans:
+        out[step].append((label, start, end))
+    return out
+
+
+def launches_under(profiled: list[dict], label: str) -> int:
+    """Launches of the profiled step inside every range named `label`, nested ranges included."""
+    total = 0
+    for top in (p for p in profiled if p["label"] == label):
+        lo, hi = top["start_us"], top["start_us"] + top["dur_us"]
+        total += sum(p["launches"] for p in profiled if lo <= p["start_us"] <= hi)
+    return total
+
+
+def phases(run: dict) -> dict:
+    """One configuration's forward / backward host time and launches per step, and its optimizer."""
+    fwd, bwd, opt, end = [], [], [], []
+    for rows in _by_step(run["spans"]).values():
+        start = min(a for label, a, _ in rows if label == "step")
+        fwd.append(sum(b - a for label, a, b in rows if label == "forward") / 1e6)
+        bwd.append(sum(b - a for label, a, b in rows if label == "backward") / 1e6)
+        opt.append(max(b - a for label, a, b in rows if label == "optimizer") / 1e6)
+        end.append((max(b for label, _, b in rows if label == "step") - start) / 1e6)
+    f_n = launches_under(run["profiled_spans"], "forward")
+    b_n = launches_under(run["profiled_spans"], "backward")
+    f_ms, b_ms = float(pd.Series(fwd).median()), float(pd.Series(bwd).median())
+    return {
+        "run": run["name"], "microbatches": run["microbatches"],
+        "step_ms": float(pd.Series(run["plain_step_s"]).median()) * 1e3,
+        "forward_ms": f_ms, "forward_launches": f_n, "forward_us_per_launch": f_ms * 1e3 / f_n,
+        "backward_ms": b_ms, "backward_launches": b_n, "backward_us_per_launch": b_ms * 1e3 / b_n,
+        "optimizer_ms": float(pd.Series(opt).median()), "host_done_ms": float(pd.Series(end).median()),
+        # the first probe round did not record the GPU's kernels
+        "gpu_busy_ms": sum(d for _, d in run["device_busy"]) / 1e3 if "device_busy" in run else float("nan"),
+    }
+
+
+def modules(run: dict) -> pd.DataFrame:
+    """Exclusive host ms per step (median) and profiled launches per step of each instrumented span."""
+    per: dict[str, list[float]] = defaultdict(list)
+    for rows in _by_step(run["spans"]).values():
+        own: dict[str, float] = defaultdict(float)
+        stack: list[tuple[str, int]] = []
+        for label, a, b in sorted(rows, key=lambda r: (r[1], r[1] - r[2])):
+            while stack and stack[-1][1] <= a:
+                stack.pop()
+            if stack:
+                own[stack[-1][0]] -= b - a
+            own[label] += b - a
+            stack.append((label, b))
+        for label, ns in own.items():
+            per[label].append(ns / 1e6)
+    launches: dict[str, int] = defaultdict(int)
+    for p in run["profiled_spans"]:
+        launches[p["label"]] += p["launches"]
+    out = pd.DataFrame({"host_ms": {k: float(pd.Series(v).median()) for k, v in per.items()}})
+    out["launches"] = [launches.get(k, 0) for k in out.index]
+    out["us_per_launch"] = out.host_ms * 1e3 / out.launches.where(out.launches > 0)
+    return out.sort_values("host_ms", ascending=False)
+
+
+def main(argv: list[str]) -> int:
+    show_modules = "--modules" in argv
+    dirs = [Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "traces" / "h200" / "_probes").glob("host-phases-*"))
+    pd.set_option("display.width", 200)
+    for d in dirs:
+        runs = [load(f) for f in sorted(d.glob("*.json*"))]
+        print(f"\n{d.name}")
+        print(pd.DataFrame([phases(r) for r in runs]).set_index("run").round(1).to_string())
+        if show_modules:
+            for r in runs:
+                print(f"\n{r['name']}\n{modules(r).round(1).to_string()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,280 @@
+"""Where a training step's host time goes: wall time per phase and module, launches per phase.
+
+    PYTHONPATH=.:/tmp/site python3 -m measure.probes.host_phases --out /tmp/phases [--only NAME,...]
+
+One GPU, megatron-core as `calib measure` builds it (measure.mcore), at short sequences so that the
+GPU waits for the host and the host's own pace shows. Per configuration, in a child process:
+- plain steps (nothing added) give the step time the phases must add up to;
+- timed steps: host timestamps (perf_counter_ns, no device syncs) at the start and end of the step,
+  its gradient zeroing, every micro-batch's forward and backward (megatron-core's schedule
+  functions), each layer's submodules, the MoE layer's stages (route, preprocess, dispatch, experts,
+  combine, postprocess), finalize_model_grads and the optimizer's stages; the plain and timed steps'
+  difference is the timestamps' own cost;
+- one profiled step with the same spans as profiler ranges: the CUDA launches (runtime calls that
+  enqueue device work) and the GPU time of their kernels inside each span.
+Host time per launch by phase is then one span's time over its launches (benchmarks/host_phases.py
+reads the JSON this writes). Why: the calibration's one launch cost per host size fits dense runs
+and MoE runs about 1.5x apart (docs/host.md), and a per-step cost or a per-code-path cost would
+explain that; only the host's own timestamps can tell them apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from measure.env import apply_safe_env, child_env, host_cpu
+
+# (name, model, micro-batch, global batch): one GPU each. Pairs at 4 and 1 micro-batches tell a
+# per-step host cost from a per-launch one; dense against MoE at the same micro-batches tells a
+# per-code-path cost.
+CONFIGS: list[tuple[str, str, int, int, str]] = [
+    ("llama8b-s256-mb4", "llama3-8b@L4,S256", 2, 8, "none"),
+    ("llama8b-s256-mb1", "llama3-8b@L4,S256", 2, 2, "none"),
+    ("mixtral-s256-mb4", "mixtral-8x7b@L2,S256", 1, 4, "none"),
+    ("mixtral-s256-mb1", "mixtral-8x7b@L2,S256", 2, 2, "none"),
+    ("gpt6.7b-s256-mb4", "gpt3-6.7b@L4,S256", 2, 8, "none"),
+    ("llama8b-s2048-mb4", "llama3-8b@L4,S2048", 2, 8, "none"),
+    ("mixtral-L1-s256-mb4", "mixtral-8x7b@L1,S256", 1, 4, "none"),
+    ("mixtral-s2048-mb4", "mixtral-8x7b@L2,S2048", 1, 4, "none"),
+    ("llama8b-s256-mb4-rcsel", "llama3-8b@L4,S256", 2, 8, "selective"),
+    ("llama8b-s256-mb4-rcfull", "llama3-8b@L4,S256", 2, 8, "full"),
+]
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaMemcpyAsync", "cudaMemsetAsync")
+MOE_STAGES = ("route", "preprocess", "dispatch", "routed_experts_compute", "combine", "postprocess",
+              "shared_experts_compute")
+OPT_STAGES = ("prepare_grads", "get_grad_norm", "clip_grad_norm", "step_with_ready_grads")
+LAYER_PARTS = ("input_layernorm", "self_attention", "pre_mlp_layernorm", "mlp")
+
+
+@dataclass
+class Spans:
+    """Nested host spans of the steps being timed, and the profiler ranges when profiling."""
+
+    on: bool = False
+    profiling: bool = False
+    rows: list[tuple[str, int, int, int]] = field(default_factory=list)  # (label, step, start_ns, end_ns)
+    step: int = 0
+
+    @contextlib.contextmanager
+    def span(self, label: str) -> Iterator[None]:
+        if not self.on:
+            yield
+            return
+        rng = _range(label) if self.profiling else None
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.rows.append((label, self.step, start, time.perf_counter_ns()))
+            if rng is not None:
+                rng.__exit__(None, None, None)
+
+    def wrap(self, fn: Callable, label: str) -> Callable:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.span(label):
+                return fn(*args, **kwargs)
+
+        return timed
+
+    def hook(self, module: Any, label: str) -> None:
+        open_: list[tuple[int, Any]] = []
+
+        def pre(*_: Any) -> None:
+            if self.on:
+                open_.append((time.perf_counter_ns(), _range(label) if self.profiling else None))
+
+        def post(*_: Any) -> None:
+            if self.on and open_:
+                start, rng = open_.pop()
+                self.rows.append((label, self.step, start, time.perf_counter_ns()))
+                if rng is not None:
+                    rng.__exit__(None, None, None)
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+
+def _range(label: str) -> Any:
+    import torch
+
+    rng = torch.autograd.profiler.record_function(label)
+    rng.__enter__()
+    return rng
+
+
+def instrument(training: Any, spans: Spans) -> Callable[[], None]:
+    """Put the spans into the built training (its modules, schedule and optimizer); return its step."""
+    import megatron.core.pipeline_parallel.schedules as schedules
+
+    schedules.forward_step = spans.wrap(schedules.forward_step, "forward")
+    schedules.backward_step = spans.wrap(schedules.backward_step, "backward")
+    cfg = training.config
+    cfg.finalize_model_grads_func = spans.wrap(cfg.finalize_model_grads_func, "finalize_grads")
+    for chunk in training.chunks:
+        for name, module in chunk.named_modules():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("embedding", "final_layernorm", "output_layer"):
+                spans.hook(module, leaf)
+            elif ".layers." in name and leaf in LAYER_PARTS and name.count(".layers.") == 1:
+                spans.hook(module, ("moe" if hasattr(module, "token_dispatcher") else leaf))
+            if hasattr(module, "token_dispatcher"):
+                for stage in MOE_STAGES:
+                    if hasattr(module, stage):
+                        setattr(module, stage, spans.wrap(getattr(module, stage), f"moe.{stage}"))
+    opts = [training.optimizer, *getattr(training.optimizer, "chained_optimizers", [])]
+    for opt in opts:
+        for stage in OPT_STAGES:
+            if hasattr(opt, stage):
+                setattr(opt, stage, spans.wrap(getattr(opt, stage), f"optimizer.{stage}"))
+    inner = training.parts
+
+    def step() -> None:
+        with spans.span("step"):
+            with spans.span("zero_grads"):
+                inner.zero()
+            inner.forward_backward()
+            with spans.span("optimizer"):
+                inner.optimizer_step()
+
+    return step
+
+
+def run_one(name: str, model: str, mbs: int, gbs: int, recompute: str, args: argparse.Namespace) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from calib.workload.parallel import ParallelConfig
+    from measure.mcore import build_parts
+    from measure.request import TrainRequest
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    req = TrainRequest(model=model, par=ParallelConfig(micro_batch=mbs, global_batch=gbs, recompute=recompute))
+    spec = req.check(1)
+    training = build_parts(req, spec)
+    spans = Spans()
+    step = instrument(training, spans)
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+
+    def timed(n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter_ns()
+            step()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter_ns() - t) / 1e9)
+            spans.step += 1
+        return times
+
+    plain = timed(args.steps)
+    spans.on = True
+    first = spans.step
+    with_spans = timed(args.steps)
+    rows = [r for r in spans.rows if r[1] >= first]
+    spans.rows.clear()
+
+    from torch.profiler import ProfilerActivity, profile
+
+    spans.profiling = True
+    trace = Path(args.out) / f"{name}.trace.json"
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        profiled = timed(1)
+    prof.export_chrome_trace(str(trace))
+    kineto = json.loads(trace.read_text())
+    launches = launches_per_span(kineto)
+    busy = device_busy(kineto)
+    trace.unlink()
+    return {
+        "name": name, "model": model, "micro_batch": mbs, "global_batch": gbs, "recompute": recompute,
+        "microbatches": training.info["microbatches"], "plain_step_s": plain, "spans_step_s": with_spans,
+        "profiled_step_s": profiled, "spans": [list(r) for r in rows], "profiled_spans": launches,
+        "device_busy": busy,
+        "gpu": torch.cuda.get_device_name(0), "host_cpu": host_cpu(),
+    }
+
+
+def launches_per_span(trace: dict) -> list[dict]:
+    """Each profiler range of the profiled step with the launches made inside it (nested ranges
+    keep their own: a launch counts in the innermost range holding it) and their kernels' GPU time."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    ranges = sorted((e for e in events if e.get("cat") == "user_annotation"), key=lambda e: (e["ts"], -e["dur"]))
+    gpu_by_corr: dict[int, float] = {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            corr = e.get("args", {}).get("correlation")
+            if corr is not None:
+                gpu_by_corr[corr] = gpu_by_corr.get(corr, 0.0) + float(e["dur"])
+    out = [{"label": r["name"], "start_us": r["ts"], "dur_us": r["dur"], "launches": 0, "gpu_us": 0.0,
+            "runtime_us": {}} for r in ranges]
+    for c in (e for e in events if e.get("cat") == "cuda_runtime"):
+        best = None
+        for i, r in enumerate(ranges):
+            if r["ts"] <= c["ts"] <= r["ts"] + r["dur"] and (best is None or r["dur"] <= ranges[best]["dur"]):
+                best = i
+        if best is None:
+            continue
+        spent = out[best]["runtime_us"]
+        spent[c["name"]] = spent.get(c["name"], 0.0) + float(c["dur"])
+        if c["name"] in LAUNCH_CALLS:
+            out[best]["launches"] += 1
+            out[best]["gpu_us"] += gpu_by_corr.get(c.get("args", {}).get("correlation"), 0.0)
+    return out
+
+
+def device_busy(trace: dict) -> list[list[float]]:
+    """The GPU's kernels and copies in the profiled step as [start_us, dur_us], in start order."""
+    cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    events = trace.get("traceEvents", [])
+    return sorted([float(e["ts"]), float(e["dur"])] for e in events if e.get("ph") == "X" and e.get("cat") in cats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--timeout", type=float, default=240.0)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        apply_safe_env()
+        cfg = next(c for c in CONFIGS if c[0] == args.one)
+        result = run_one(*cfg, args)
+        (out / f"{cfg[0]}.json").write_text(json.dumps(result))
+        sys.stdout.flush()
+        os._exit(0)
+    wanted = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
+    env = child_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "WORLD_SIZE": "1",
+                     "LOCAL_RANK": "0"})
+    for name, *_ in wanted:
+        start = time.monotonic()
+        argv_one = [sys.executable, "-m", "measure.probes.host_phases", "--out", str(out), "--one", name,
+                    "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        with open(out / f"{name}.log", "w") as log:
+            try:
+                rc = subprocess.run(argv_one, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        print(f"{name}: rc {rc} in {time.monotonic() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The host-phase probe (measure.probes.host_phases) and its reader (benchmarks/host_phases.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from measure.probes.host_phases import CONFIGS, Spans, device_busy, launches_per_span
+from tests.conftest import ROOT
+
+PROBES = ROOT / "traces" / "h200" / "_probes"
+
+
+def _reader():
+    spec = importlib.util.spec_from_file_location("host_phases_bench", ROOT / "benchmarks" / "host_phases.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def test_launches_count_in_the_innermost_range_with_their_kernels_time():
+    trace = {"traceEvents": [
+        _x("user_annotation", "forward", 0, 100), _x("user_annotation", "mlp", 10, 20),
+        _x("cuda_runtime", "cudaLaunchKernel", 15, 3, corr=1),   # inside mlp
+        _x("cuda_runtime", "cudaLaunchKernel", 40, 3, corr=2),   # forward only
+        _x("cuda_runtime", "cudaMalloc", 50, 30),                # runtime time, not a launch
+        _x("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=3),  # outside every range
+        _x("kernel", "gemm", 60, 7, corr=1), _x("kernel", "add", 20, 2, corr=2),
+        _x("gpu_memcpy", "copy", 5, 1, corr=9),
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 1},
+    ]}
+    by = {r["label"]: r for r in launches_per_span(trace)}
+    assert by["mlp"]["launches"] == 1 and by["mlp"]["gpu_us"] == 7.0
+    assert by["forward"]["launches"] == 1 and by["forward"]["gpu_us"] == 2.0
+    assert by["forward"]["runtime_us"] == {"cudaLaunchKernel": 3.0, "cudaMalloc": 30.0}
+    assert device_busy(trace) == [[5.0, 1.0], [20.0, 2.0], [60.0, 7.0]]
+
+
+def test_spans_record_only_when_on_and_nest():
+    spans = Spans()
+    double = spans.wrap(lambda x: 2 * x, "double")
+    assert double(2) == 4 and spans.rows == []
+    spans.on = True
+    with spans.span("step"):
+        double(3)
+    labels = [r[0] for r in spans.rows]
+    assert labels == ["double", "step"]
+    inner, outer = spans.rows
+    assert outer[2] <= inner[2] <= inner[3] <= outer[3]
+
+
+def test_probe_configurations_are_valid_one_gpu_runs():
+    from calib.workload.parallel import ParallelConfig
+    from measure.request import TrainRequest
+
+    for _name, model, mbs, gbs, recompute in CONFIGS:
+        req = TrainRequest(model=model, par=ParallelConfig(micro_batch=mbs, global_batch=gbs, recompute=recompute))
+        req.check(1)
+    assert len({c[0] for c in CONFIGS}) == len(CONFIGS)
+
+
+@pytest.mark.parametrize("round_dir", sorted(PROBES.glob("host-phases-*")), ids=lambda p: p.name)
+def test_committed_probe_results_decompose(round_dir):
+    """Each span's exclusive host time adds up to the step span's (the decomposition loses nothing),
+    every forward and backward made launches, and the host never finishes after the measured step."""
+    bench = _reader()
+    files = sorted(round_dir.glob("*.json.gz"))
+    assert files
+    for f in files:
+        run = bench.load(f)
+        table = bench.modules(run)
+        steps = [(b - a) / 1e6 for label, _, a, b in run["spans"] if label == "step"]
+        assert table.host_ms.sum() == pytest.approx(sorted(steps)[len(steps) // 2], rel=0.1), f.name
+        p = bench.phases(run)
+        assert p["forward_launches"] > 0 and p["backward_launches"] > 0, f.name
+        assert p["host_done_ms"] < p["step_ms"] * 1.05, f.name
+        assert p["microbatches"] * 2 <= len([r for r in run["spans"] if r[0] in ("forward", "backward")])
