@@ -40,9 +40,10 @@ from calib.errors import CalibError
 from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis, kfold_indices
 from calib.models.peaks import GpuPeaks, normalize_dtype
 from calib.models.residual import checked_residual, fit_residual, predict_residual
+from calib.ops import FLOP_CLASSES
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
-COMPUTE_CLASSES = ("gemm", "attention")
+COMPUTE_CLASSES = FLOP_CLASSES
 # A class with no measured kernels of its own is predicted with the model of a related class.
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
 MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
-from calib.ops import in_place_pieces
+from calib.ops import FLOP_CLASSES, in_place_pieces
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
@@ -67,15 +67,17 @@ class Op:
         return self.op_class == "memory" and self.k > 0
 
     def record(self) -> dict:
-        """The calib.ops OpRecord fields (dtype spelled as calib.ops writes it; NaN shapes for non-GEMMs
-        but a reduction's m and k, as calib.ops.classify records them)."""
+        """The calib.ops OpRecord fields as calib.ops.classify records a measured kernel: dtype spelled as
+        it writes it, NaN shapes for non-GEMMs but a reduction's m and k, and no FLOPs for memory-bound
+        ops (`flops` here counts their elements for the ET; the kernel model never saw them on one)."""
         gemm = self.op_class == "gemm"
         nan = float("nan")
         return {
             "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm or self.reduced else nan,
             "n": self.n if gemm else nan, "k": self.k if gemm or self.reduced else nan,
             "batch": self.batch if gemm else nan,
-            "flops": self.flops, "bytes": self.bytes, "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
+            "flops": self.flops if self.op_class in FLOP_CLASSES else 0.0, "bytes": self.bytes,
+            "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
         }
 
 
