@@ -71,14 +71,19 @@ class Spans:
         if not self.on:
             yield
             return
-        rng = _range(label) if self.profiling else None
-        start = time.perf_counter_ns()
+        opened = self._open(label)
         try:
             yield
         finally:
-            self.rows.append((label, self.step, start, time.perf_counter_ns()))
-            if rng is not None:
-                rng.__exit__(None, None, None)
+            self._close(label, *opened)
+
+    def _open(self, label: str) -> tuple[int, Any]:
+        return time.perf_counter_ns(), _range(label) if self.profiling else None
+
+    def _close(self, label: str, start: int, rng: Any) -> None:
+        self.rows.append((label, self.step, start, time.perf_counter_ns()))
+        if rng is not None:
+            rng.__exit__(None, None, None)
 
     def wrap(self, fn: Callable, label: str) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -92,14 +97,11 @@ class Spans:
 
         def pre(*_: Any) -> None:
             if self.on:
-                open_.append((time.perf_counter_ns(), _range(label) if self.profiling else None))
+                open_.append(self._open(label))
 
         def post(*_: Any) -> None:
             if self.on and open_:
-                start, rng = open_.pop()
-                self.rows.append((label, self.step, start, time.perf_counter_ns()))
-                if rng is not None:
-                    rng.__exit__(None, None, None)
+                self._close(label, *open_.pop())
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
