@@ -1,8 +1,8 @@
 """Host time per launch by phase, from measure.probes.host_phases' results (docs/host.md, fifteenth session).
 
-    python benchmarks/host_phases.py [RESULT_DIR ...]   (default: traces/h200/_probes/host-phases-*)
+    python benchmarks/host_phases.py [RESULT_DIR ...]   (default: traces/*/_probes/host-phases-*)
 
-Per probed configuration (one H200): the median over the timed steps of the host's time in all
+Per probed configuration (one GPU): the median over the timed steps of the host's time in all
 micro-batches' forwards and backwards (megatron-core's schedule functions, host timestamps, no device
 syncs), the launches the profiled step made inside them, and their ratio; the optimizer's host time
 and where the host finished the step against the measured (synchronised) step. `--modules` adds the
@@ -93,11 +93,11 @@ def modules(run: dict) -> pd.DataFrame:
 
 def main(argv: list[str]) -> int:
     show_modules = "--modules" in argv
-    dirs = [Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "traces" / "h200" / "_probes").glob("host-phases-*"))
+    dirs = [Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
     pd.set_option("display.width", 200)
     for d in dirs:
         runs = [load(f) for f in sorted(d.glob("*.json*"))]
-        print(f"\n{d.name}")
+        print(f"\n{d.parent.parent.name}/{d.name}")
         print(pd.DataFrame([phases(r) for r in runs]).set_index("run").round(1).to_string())
         if show_modules:
             for r in runs:

@@ -9,7 +9,7 @@ import pytest
 from measure.probes.host_phases import CONFIGS, Spans, device_busy, launches_per_span
 from tests.conftest import ROOT
 
-PROBES = ROOT / "traces" / "h200" / "_probes"
+PROBE_ROUNDS = sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
 
 
 def _reader():
@@ -67,7 +67,7 @@ def test_probe_configurations_are_valid_one_gpu_runs():
     assert len({c[0] for c in CONFIGS}) == len(CONFIGS)
 
 
-@pytest.mark.parametrize("round_dir", sorted(PROBES.glob("host-phases-*")), ids=lambda p: p.name)
+@pytest.mark.parametrize("round_dir", PROBE_ROUNDS, ids=lambda p: f"{p.parent.parent.name}-{p.name}")
 def test_committed_probe_results_decompose(round_dir):
     """Each span's exclusive host time adds up to the step span's (the decomposition loses nothing),
     every forward and backward made launches, and the host never finishes after the measured step."""
