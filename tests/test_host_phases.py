@@ -57,14 +57,13 @@ def test_spans_record_only_when_on_and_nest():
     assert outer[2] <= inner[2] <= inner[3] <= outer[3]
 
 
-def test_probe_configurations_are_valid_one_gpu_runs():
-    from calib.workload.parallel import ParallelConfig
+def test_probe_configurations_are_valid_runs():
     from measure.request import TrainRequest
 
-    for _name, model, mbs, gbs, recompute in CONFIGS:
-        req = TrainRequest(model=model, par=ParallelConfig(micro_batch=mbs, global_batch=gbs, recompute=recompute))
-        req.check(1)
-    assert len({c[0] for c in CONFIGS}) == len(CONFIGS)
+    for probe in CONFIGS:
+        TrainRequest(model=probe.model, par=probe.par()).check(probe.par().gpus)
+    assert len({c.name for c in CONFIGS}) == len(CONFIGS)
+    assert {c.par().gpus for c in CONFIGS} == {1, 2}
 
 
 @pytest.mark.parametrize("round_dir", PROBE_ROUNDS, ids=lambda p: f"{p.parent.parent.name}-{p.name}")

@@ -2,8 +2,9 @@
 
     PYTHONPATH=.:/tmp/site python3 -m measure.probes.host_phases --out /tmp/phases [--only NAME,...]
 
-One GPU, megatron-core as `calib measure` builds it (measure.mcore), at short sequences so that the
-GPU waits for the host and the host's own pace shows. Per configuration, in a child process:
+One or two GPUs, megatron-core as `calib measure` builds it (measure.mcore), mostly at short sequences
+so that the GPU waits for the host and the host's own pace shows. Per configuration, in a child
+process per GPU (rank 0 writes the result):
 - plain steps (nothing added) give the step time the phases must add up to;
 - timed steps: host timestamps (perf_counter_ns, no device syncs) at the start and end of the step,
   its gradient zeroing, every micro-batch's forward and backward (megatron-core's schedule
@@ -32,22 +33,50 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calib.workload.parallel import ParallelConfig
 from measure.env import apply_safe_env, child_env, host_cpu
 
-# (name, model, micro-batch, global batch): one GPU each. Pairs at 4 and 1 micro-batches tell a
-# per-step host cost from a per-launch one; dense against MoE at the same micro-batches tells a
-# per-code-path cost.
-CONFIGS: list[tuple[str, str, int, int, str]] = [
-    ("llama8b-s256-mb4", "llama3-8b@L4,S256", 2, 8, "none"),
-    ("llama8b-s256-mb1", "llama3-8b@L4,S256", 2, 2, "none"),
-    ("mixtral-s256-mb4", "mixtral-8x7b@L2,S256", 1, 4, "none"),
-    ("mixtral-s256-mb1", "mixtral-8x7b@L2,S256", 2, 2, "none"),
-    ("gpt6.7b-s256-mb4", "gpt3-6.7b@L4,S256", 2, 8, "none"),
-    ("llama8b-s2048-mb4", "llama3-8b@L4,S2048", 2, 8, "none"),
-    ("mixtral-L1-s256-mb4", "mixtral-8x7b@L1,S256", 1, 4, "none"),
-    ("mixtral-s2048-mb4", "mixtral-8x7b@L2,S2048", 1, 4, "none"),
-    ("llama8b-s256-mb4-rcsel", "llama3-8b@L4,S256", 2, 8, "selective"),
-    ("llama8b-s256-mb4-rcfull", "llama3-8b@L4,S256", 2, 8, "full"),
+
+@dataclass(frozen=True)
+class Probe:
+    """One probed configuration: a model and how it is split (ParallelConfig's fields)."""
+
+    name: str
+    model: str
+    micro_batch: int
+    global_batch: int
+    recompute: str = "none"
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(tp=self.tp, dp=self.dp, ep=self.ep, sequence_parallel=self.sequence_parallel,
+                              micro_batch=self.micro_batch, global_batch=self.global_batch, recompute=self.recompute)
+
+
+# One GPU: pairs at 4 and 1 micro-batches tell a per-step host cost from a per-launch one; dense against
+# MoE at the same micro-batches tells a per-code-path cost. Two GPUs: the committed two-GPU runs at
+# sequence 256 (traces/h200), where expert parallelism's all-to-all path needs more host time per
+# launch than the calibration gives it, beside its tensor-parallel and data-parallel neighbours.
+CONFIGS: list[Probe] = [
+    Probe("llama8b-s256-mb4", "llama3-8b@L4,S256", 2, 8),
+    Probe("llama8b-s256-mb1", "llama3-8b@L4,S256", 2, 2),
+    Probe("mixtral-s256-mb4", "mixtral-8x7b@L2,S256", 1, 4),
+    Probe("mixtral-s256-mb1", "mixtral-8x7b@L2,S256", 2, 2),
+    Probe("gpt6.7b-s256-mb4", "gpt3-6.7b@L4,S256", 2, 8),
+    Probe("llama8b-s2048-mb4", "llama3-8b@L4,S2048", 2, 8),
+    Probe("mixtral-L1-s256-mb4", "mixtral-8x7b@L1,S256", 1, 4),
+    Probe("mixtral-s2048-mb4", "mixtral-8x7b@L2,S2048", 1, 4),
+    Probe("llama8b-s256-mb4-rcsel", "llama3-8b@L4,S256", 2, 8, "selective"),
+    Probe("llama8b-s256-mb4-rcfull", "llama3-8b@L4,S256", 2, 8, "full"),
+    Probe("2gpu-mixtral-ep2-s256", "mixtral-8x7b@L2,S256", 2, 4, dp=2, ep=2),
+    Probe("2gpu-mixtral-ep2-s256-mb4", "mixtral-8x7b@L2,S256", 1, 8, dp=2, ep=2),
+    Probe("2gpu-mixtral-tp2-sp-s256", "mixtral-8x7b@L2,S256", 1, 4, tp=2, sequence_parallel=True),
+    Probe("2gpu-llama8b-tp2-s256", "llama3-8b@L4,S256", 1, 8, tp=2),
+    Probe("2gpu-llama8b-dp2-s256", "llama3-8b@L4,S256", 2, 8, dp=2),
+    Probe("2gpu-mixtral-ep2-mbs2", "mixtral-8x7b@L2,S2048", 2, 4, dp=2, ep=2),
 ]
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
@@ -152,18 +181,19 @@ def instrument(training: Any, spans: Spans) -> Callable[[], None]:
     return step
 
 
-def run_one(name: str, model: str, mbs: int, gbs: int, recompute: str, args: argparse.Namespace) -> dict:
+def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
+    """Run `probe` as this process's rank; rank 0's result (None on the others)."""
     import torch
     import torch.distributed as dist
 
-    from calib.workload.parallel import ParallelConfig
     from measure.mcore import build_parts
     from measure.request import TrainRequest
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
-    req = TrainRequest(model=model, par=ParallelConfig(micro_batch=mbs, global_batch=gbs, recompute=recompute))
-    spec = req.check(1)
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    req = TrainRequest(model=probe.model, par=probe.par())
+    spec = req.check(dist.get_world_size())
     training = build_parts(req, spec)
     spans = Spans()
     step = instrument(training, spans)
@@ -192,20 +222,21 @@ def run_one(name: str, model: str, mbs: int, gbs: int, recompute: str, args: arg
     from torch.profiler import ProfilerActivity, profile
 
     spans.profiling = True
-    trace = Path(args.out) / f"{name}.trace.json"
+    trace = Path(args.out) / f"{probe.name}.trace.{rank}.json"
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         profiled = timed(1)
     prof.export_chrome_trace(str(trace))
+    if rank != 0:
+        trace.unlink()
+        return None
     kineto = json.loads(trace.read_text())
-    launches = launches_per_span(kineto)
-    busy = device_busy(kineto)
     trace.unlink()
     return {
-        "name": name, "model": model, "micro_batch": mbs, "global_batch": gbs, "recompute": recompute,
+        "name": probe.name, "model": probe.model, "par": probe.par().to_dict(), "gpus": dist.get_world_size(),
+        "micro_batch": probe.micro_batch, "global_batch": probe.global_batch, "recompute": probe.recompute,
         "microbatches": training.info["microbatches"], "plain_step_s": plain, "spans_step_s": with_spans,
-        "profiled_step_s": profiled, "spans": [list(r) for r in rows], "profiled_spans": launches,
-        "device_busy": busy,
-        "gpu": torch.cuda.get_device_name(0), "host_cpu": host_cpu(),
+        "profiled_step_s": profiled, "spans": [list(r) for r in rows], "profiled_spans": launches_per_span(kineto),
+        "device_busy": device_busy(kineto), "gpu": torch.cuda.get_device_name(local), "host_cpu": host_cpu(),
     }
 
 
@@ -257,24 +288,32 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.one:
         apply_safe_env()
-        cfg = next(c for c in CONFIGS if c[0] == args.one)
-        result = run_one(*cfg, args)
-        (out / f"{cfg[0]}.json").write_text(json.dumps(result))
+        probe = next(c for c in CONFIGS if c.name == args.one)
+        result = run_one(probe, args)
+        if result is not None:
+            (out / f"{probe.name}.json").write_text(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)
-    wanted = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
-    env = child_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "WORLD_SIZE": "1",
-                     "LOCAL_RANK": "0"})
-    for name, *_ in wanted:
+    wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
+    for port, probe in enumerate(wanted, start=29531):
         start = time.monotonic()
-        argv_one = [sys.executable, "-m", "measure.probes.host_phases", "--out", str(out), "--one", name,
+        world = probe.par().gpus
+        argv_one = [sys.executable, "-m", "measure.probes.host_phases", "--out", str(out), "--one", probe.name,
                     "--warmup", str(args.warmup), "--steps", str(args.steps)]
-        with open(out / f"{name}.log", "w") as log:
-            try:
-                rc = subprocess.run(argv_one, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        print(f"{name}: rc {rc} in {time.monotonic() - start:.0f} s", flush=True)
+        with open(out / f"{probe.name}.log", "w") as log:
+            procs = [subprocess.Popen(argv_one, stdout=log, stderr=subprocess.STDOUT, env=child_env({
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r)})) for r in range(world)]
+            rcs = []
+            for proc in procs:
+                try:
+                    rcs.append(proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start))))
+                except subprocess.TimeoutExpired:
+                    rcs.append("timeout")
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
     return 0
 
 
