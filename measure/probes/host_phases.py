@@ -50,9 +50,10 @@ class Probe:
     dp: int = 1
     ep: int = 1
     sequence_parallel: bool = False
+    pp: int = 1
 
     def par(self) -> ParallelConfig:
-        return ParallelConfig(tp=self.tp, dp=self.dp, ep=self.ep, sequence_parallel=self.sequence_parallel,
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, sequence_parallel=self.sequence_parallel,
                               micro_batch=self.micro_batch, global_batch=self.global_batch, recompute=self.recompute)
 
 
@@ -77,6 +78,11 @@ CONFIGS: list[Probe] = [
     Probe("2gpu-llama8b-tp2-s256", "llama3-8b@L4,S256", 1, 8, tp=2),
     Probe("2gpu-llama8b-dp2-s256", "llama3-8b@L4,S256", 2, 8, dp=2),
     Probe("2gpu-mixtral-ep2-mbs2", "mixtral-8x7b@L2,S2048", 2, 4, dp=2, ep=2),
+    # MoE without EP or TP, pipeline, sequence parallel and biased layers on two GPUs
+    Probe("2gpu-mixtral-dp2-s256", "mixtral-8x7b@L2,S256", 1, 8, dp=2),
+    Probe("2gpu-llama8b-pp2-s256", "llama3-8b@L4,S256", 1, 8, pp=2),
+    Probe("2gpu-llama8b-tp2-sp-s256", "llama3-8b@L4,S256", 1, 8, tp=2, sequence_parallel=True),
+    Probe("2gpu-gpt6.7b-tp2-s256", "gpt3-6.7b@L4,S256", 2, 8, tp=2),
 ]
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
