@@ -2,7 +2,7 @@
 
     python benchmarks/host_phases.py [RESULT_DIR ...]   (default: traces/*/_probes/host-phases-*)
 
-Per probed configuration (one GPU): the median over the timed steps of the host's time in all
+Per probed configuration (one or two GPUs; rank 0's host): the median over the timed steps of the host's time in all
 micro-batches' forwards and backwards (megatron-core's schedule functions, host timestamps, no device
 syncs), the launches the profiled step made inside them, and their ratio; the optimizer's host time
 and where the host finished the step against the measured (synchronised) step. `--modules` adds the
