@@ -45,7 +45,14 @@ from calib.models.network import (
 from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
-from calib.ops import INT32_SPAN_BYTES, in_place_pieces, is_split_k_reduce, kernel_layout, split_k_bytes
+from calib.ops import (
+    FLOP_CLASSES,
+    INT32_SPAN_BYTES,
+    in_place_pieces,
+    is_split_k_reduce,
+    kernel_layout,
+    split_k_bytes,
+)
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -309,7 +316,7 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
         errors["kernel.no_work_ops"] = error_stat(
             pred[nowork], t[nowork], method + ", ops without a roofline (no FLOPs/bytes, _foreach_ chunks, indexing): saturating curve or median")
     # Extrapolation: per class, the largest 20% of shapes by work predicted from the rest.
-    work = np.where(np.isin(classes, ("gemm", "attention")), pd.to_numeric(shapes["flops"], errors="coerce"),
+    work = np.where(np.isin(classes, FLOP_CLASSES), pd.to_numeric(shapes["flops"], errors="coerce"),
                     pd.to_numeric(shapes["bytes"], errors="coerce"))
     work = np.nan_to_num(np.asarray(work, dtype=float), nan=0.0)
     big = np.zeros(n, dtype=bool)

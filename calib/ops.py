@@ -52,7 +52,9 @@ COMM_DTYPE_BYTES: dict[str, int] = {
     "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8,
 }
 
-FLOP_CLASSES = ("gemm", "attention")  # the classes whose records carry FLOPs; memory and other record 0
+# The compute classes: their records carry FLOPs and their work is FLOPs; memory and other record 0 FLOPs
+# and their work is bytes.
+FLOP_CLASSES = ("gemm", "attention")
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
             "aten::_scaled_mm", "aten::addbmm"}

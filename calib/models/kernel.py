@@ -43,7 +43,6 @@ from calib.models.residual import checked_residual, fit_residual, predict_residu
 from calib.ops import FLOP_CLASSES
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
-COMPUTE_CLASSES = FLOP_CLASSES
 # A class with no measured kernels of its own is predicted with the model of a related class.
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
 MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves
@@ -153,7 +152,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         classes = _str_col(X, "op_class")
         peak_f = np.array([self.peaks.flops_for(d) for d in dtypes])
         roof = np.maximum(flops / peak_f, nbytes / self.peaks.mem_bytes_per_s)
-        compute = np.isin(classes, COMPUTE_CLASSES)
+        compute = np.isin(classes, FLOP_CLASSES)
         work = np.where(compute & (flops > 0), flops, nbytes)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(work > 0, np.log10(np.maximum(work, 1.0)), np.nan)
@@ -238,7 +237,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
     def _fit_group(self, f: dict, y: np.ndarray, sel: np.ndarray, cls: str) -> dict:
         x, z, roof, yy, ops, bases = f["x"][sel], f["z"][sel], f["roof"][sel], y[sel], f["aten"][sel], f["base"][sel]
         knots = choose_knots(x, self.max_segments)
-        use_z = cls in COMPUTE_CLASSES and np.ptp(z) > 0.05
+        use_z = cls in FLOP_CLASSES and np.ptp(z) > 0.05
         zr = [float(z.min()), float(z.max())] if use_z else [0.0, 0.0]
         a = self._design(x, z, knots, zr, use_z)
         names = sorted(set(ops.tolist()))
@@ -375,7 +374,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         x0 = np.array([grp["knots"][0]])
         a = self._design(x0, np.array([grp["z_range"][0]]), grp["knots"], grp["z_range"], grp["use_z"])
         cls_of_grp = next((c for c in OP_CLASSES if self.groups_.get(c) is grp), cls)
-        peak = self.peaks.flops_for(dtype) if cls_of_grp in COMPUTE_CLASSES else self.peaks.mem_bytes_per_s
+        peak = self.peaks.flops_for(dtype) if cls_of_grp in FLOP_CLASSES else self.peaks.mem_bytes_per_s
         return float(grp.get("t0_s", 0.0) + 10 ** x0[0] / peak * math.exp(float((a @ np.asarray(grp["coef"]))[0])))
 
     def score(self, X: pd.DataFrame, y: np.ndarray, sample_weight: np.ndarray | None = None) -> float:

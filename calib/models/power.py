@@ -24,7 +24,7 @@ import pandas as pd
 
 from calib.bundle.io import steps_span_s
 from calib.errors import CalibError
-from calib.models.kernel import COMPUTE_CLASSES
+from calib.ops import FLOP_CLASSES
 
 ACTIVITIES = ("compute", "memory", "comm", "idle")
 COMM_CLASSES = {"comm", "communication", "collective", "nccl"}
@@ -43,7 +43,7 @@ def activity_of(op_class: str, name: str) -> str:
     c = str(op_class or "").lower()
     if c in COMM_CLASSES or str(name).startswith("nccl"):
         return "comm"
-    if c in COMPUTE_CLASSES:
+    if c in FLOP_CLASSES:
         return "compute"
     return "memory"
 

@@ -35,6 +35,7 @@ from sklearn.ensemble import GradientBoostingRegressor
 
 from calib.errors import CalibError
 from calib.models.peaks import normalize_dtype
+from calib.ops import FLOP_CLASSES
 
 FEATURES = ("cls", "fam", "bench", "log_flops", "log_bytes", "log_intensity", "log_m", "log_n", "log_k",
             "log_batch", "wq_128x128", "wq_128x256", "wq_256x128", "log_waves_128x128", "log_waves_128x256",
@@ -79,7 +80,7 @@ def residual_features(X: pd.DataFrame, families: dict[str, int], fam: np.ndarray
     m, nn, k = _num(X, "m"), _num(X, "n"), _num(X, "k")
     batch = np.nan_to_num(_num(X, "batch"), nan=1.0)
     batch = np.where(batch > 0, batch, 1.0)
-    shaped = np.isin(cls, ("gemm", "attention")) & np.isfinite(m) & np.isfinite(nn) & np.isfinite(k)
+    shaped = np.isin(cls, FLOP_CLASSES) & np.isfinite(m) & np.isfinite(nn) & np.isfinite(k)
     att = cls == "attention"
     reduced = (cls == "memory") & np.isfinite(m) & np.isfinite(k) & reductions
     src = X["source"].fillna("").astype(str).to_numpy() if "source" in X.columns else np.full(n, "")
@@ -113,7 +114,7 @@ def _work(X: pd.DataFrame) -> np.ndarray:
     """log10 of an op's work: FLOPs for GEMM/attention, bytes otherwise (as the curves use)."""
     cls = X["op_class"].fillna("").astype(str).to_numpy()
     fl, by = np.nan_to_num(_num(X, "flops")), np.nan_to_num(_num(X, "bytes"))
-    return np.where(np.isin(cls, ("gemm", "attention")) & (fl > 0), _log10(fl), _log10(by))
+    return np.where(np.isin(cls, FLOP_CLASSES) & (fl > 0), _log10(fl), _log10(by))
 
 
 def family_codes(fam: np.ndarray, r: np.ndarray, base: np.ndarray | None = None) -> dict[str, int]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from calib.bundle.io import Bundle
 from calib.chakra.model import CommType, ExecutionTrace, NodeType
 from calib.errors import CalibError
-from calib.models.kernel import COMPUTE_CLASSES
+from calib.ops import FLOP_CLASSES
 from calib.sim.types import SimResult, SimWorkload
 
 
@@ -88,7 +88,7 @@ def replay_trace(trace: ExecutionTrace, clock_scale: float = 1.0) -> ExecutionTr
             continue
         # Compute-bound kernels follow the SM clock; memory-bound ones the HBM clock, which does not
         # move under the power cap.
-        if clock_scale != 1.0 and n.type == NodeType.COMP_NODE and not n.is_cpu_op and n.attr("op_class") in COMPUTE_CLASSES:
+        if clock_scale != 1.0 and n.type == NodeType.COMP_NODE and not n.is_cpu_op and n.attr("op_class") in FLOP_CLASSES:
             ns = int(round(int(n.attr("duration_ns") or 0) * clock_scale))
             n.duration_micros = int(round(ns / 1000))
             n.set_attr("duration_ns", ns)

@@ -31,6 +31,7 @@ import pandas as pd
 
 from calib.chakra.model import Attr, CommType, ExecutionTrace, IOInfo, Node, NodeType
 from calib.errors import CalibError
+from calib.ops import FLOP_CLASSES
 from calib.sim.types import RankClass, SimWorkload
 from calib.workload import ops as O
 from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
@@ -305,7 +306,7 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozen
         main = run[max(range(len(run)), key=each.__getitem__)][0]
         first, last = run[0][0].name, run[-1][0].name
         name = first if first == last else f"{first}..{last}"
-        mem = sum(d for (o, _), d in zip(run, each, strict=True) if o.op_class not in ("gemm", "attention"))
+        mem = sum(d for (o, _), d in zip(run, each, strict=True) if o.op_class not in FLOP_CLASSES)
         out.append(Segment(name, sum(each), sum(o.flops * r for o, r in run), sum(o.bytes * r for o, r in run),
                            main.op_class, mem,
                            None if launch_ns is None else summarize([(durations[o], r) for o, r in run], launch_ns),

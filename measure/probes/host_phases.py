@@ -168,7 +168,7 @@ def instrument(training: Any, spans: Spans) -> Callable[[], None]:
             leaf = name.rsplit(".", 1)[-1]
             if leaf in ("embedding", "final_layernorm", "output_layer"):
                 spans.hook(module, leaf)
-            elif ".layers." in name and leaf in LAYER_PARTS and name.count(".layers.") == 1:
+            elif name.count(".layers.") == 1 and leaf in LAYER_PARTS:
                 spans.hook(module, ("moe" if hasattr(module, "token_dispatcher") else leaf))
             if hasattr(module, "token_dispatcher"):
                 for stage in MOE_STAGES:
