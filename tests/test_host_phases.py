@@ -31,17 +31,18 @@ def test_launches_count_in_the_innermost_range_with_their_kernels_time():
         _x("user_annotation", "forward", 0, 100), _x("user_annotation", "mlp", 10, 20),
         _x("cuda_runtime", "cudaLaunchKernel", 15, 3, corr=1),   # inside mlp
         _x("cuda_runtime", "cudaLaunchKernel", 40, 3, corr=2),   # forward only
+        _x("cuda_driver", "cuLaunchKernelEx", 45, 4, corr=4),    # NCCL's launch, through the driver
         _x("cuda_runtime", "cudaMalloc", 50, 30),                # runtime time, not a launch
         _x("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=3),  # outside every range
         _x("kernel", "gemm", 60, 7, corr=1), _x("kernel", "add", 20, 2, corr=2),
-        _x("gpu_memcpy", "copy", 5, 1, corr=9),
+        _x("gpu_memcpy", "copy", 5, 1, corr=9), _x("kernel", "ncclDevKernel_AllReduce", 70, 11, corr=4),
         {"ph": "i", "cat": "kernel", "name": "marker", "ts": 1},
     ]}
     by = {r["label"]: r for r in launches_per_span(trace)}
     assert by["mlp"]["launches"] == 1 and by["mlp"]["gpu_us"] == 7.0
-    assert by["forward"]["launches"] == 1 and by["forward"]["gpu_us"] == 2.0
-    assert by["forward"]["runtime_us"] == {"cudaLaunchKernel": 3.0, "cudaMalloc": 30.0}
-    assert device_busy(trace) == [[5.0, 1.0], [20.0, 2.0], [60.0, 7.0]]
+    assert by["forward"]["launches"] == 2 and by["forward"]["gpu_us"] == 13.0
+    assert by["forward"]["runtime_us"] == {"cudaLaunchKernel": 3.0, "cuLaunchKernelEx": 4.0, "cudaMalloc": 30.0}
+    assert device_busy(trace) == [[5.0, 1.0], [20.0, 2.0], [60.0, 7.0], [70.0, 11.0]]
 
 
 def test_spans_record_only_when_on_and_nest():

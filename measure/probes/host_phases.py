@@ -253,29 +253,32 @@ def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
 
 def launches_per_span(trace: dict) -> list[dict]:
     """Each profiler range of the profiled step with the launches made inside it (nested ranges
-    keep their own: a launch counts in the innermost range holding it) and their kernels' GPU time."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    ranges = sorted((e for e in events if e.get("cat") == "user_annotation"), key=lambda e: (e["ts"], -e["dur"]))
-    gpu_by_corr: dict[int, float] = {}
-    for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            corr = e.get("args", {}).get("correlation")
-            if corr is not None:
-                gpu_by_corr[corr] = gpu_by_corr.get(corr, 0.0) + float(e["dur"])
-    out = [{"label": r["name"], "start_us": r["ts"], "dur_us": r["dur"], "launches": 0, "gpu_us": 0.0,
-            "runtime_us": {}} for r in ranges]
-    for c in (e for e in events if e.get("cat") == "cuda_runtime"):
+    keep their own: a launch counts in the innermost range holding it) and their kernels' GPU time.
+    Runtime and driver calls alike (calib.convert.kineto): NCCL launches its kernels through the
+    driver (cuLaunchKernelEx), which a count of runtime calls alone misses."""
+    from calib.convert.kineto import parse_kineto
+
+    kt = parse_kineto(trace, Path("profiled step"))
+    ranges = sorted((s for spans in kt.cpu_spans.values() for s in spans if s[2].get("cat") == "user_annotation"),
+                    key=lambda s: (s[0], s[0] - s[1]))
+    gpu_by_corr: dict[int, int] = {}
+    for a in kt.gpu:
+        if a.correlation is not None:
+            gpu_by_corr[int(a.correlation)] = gpu_by_corr.get(int(a.correlation), 0) + a.dur_ns
+    out = [{"label": str(e.get("name", "")), "start_us": e["ts"], "dur_us": e["dur"], "launches": 0, "gpu_us": 0.0,
+            "runtime_us": {}} for _, _, e in ranges]
+    for c in kt.calls:
         best = None
-        for i, r in enumerate(ranges):
-            if r["ts"] <= c["ts"] <= r["ts"] + r["dur"] and (best is None or r["dur"] <= ranges[best]["dur"]):
+        for i, (start, end, _) in enumerate(ranges):
+            if start <= c.ts_ns <= end and (best is None or end - start <= ranges[best][1] - ranges[best][0]):
                 best = i
         if best is None:
             continue
         spent = out[best]["runtime_us"]
-        spent[c["name"]] = spent.get(c["name"], 0.0) + float(c["dur"])
-        if c["name"] in LAUNCH_CALLS:
+        spent[c.name] = spent.get(c.name, 0.0) + c.dur_ns / 1e3
+        if c.name in LAUNCH_CALLS:
             out[best]["launches"] += 1
-            out[best]["gpu_us"] += gpu_by_corr.get(c.get("args", {}).get("correlation"), 0.0)
+            out[best]["gpu_us"] += gpu_by_corr.get(int(c.correlation), 0) / 1e3 if c.correlation is not None else 0.0
     return out
 
 
