@@ -54,9 +54,9 @@ def main(argv: list[str]) -> int:
         p = np.percentile(g, [10, 50, 90]) if len(g) else [np.nan] * 3
         print(f"{d.name:32} {len(g):14d} {p[0]:12.1f} {p[1]:10.1f} {p[2]:10.1f} {np.median(c) if len(c) else np.nan:19.1f}")
     fitted = HostModel.from_dict(Calibration.load(str(ROOT / "calib" / "data" / "calibration-h200.yaml")).host)
-    for gpus in sorted({read_bundle(d).manifest.gpu.count for d in dirs}):  # the costs of the bundles' hosts
-        host = fitted.on_host(gpus)
-        print(f"calibration-h200 charges a read after a read one launch and one sync on a {gpus}-GPU host: "
+    for tp, pp, ep in sorted({(s.tp, s.pp, s.ep) for s in (read_bundle(d).manifest.spec for d in dirs)}):
+        host = fitted.on_path(tp, pp, ep)  # the costs of the bundles' code paths
+        print(f"calibration-h200 charges a read after a read one launch and one sync at TP {tp} / PP {pp} / EP {ep}: "
               f"{(host.launch_s + host.sync_s) * 1e6:.1f} us generated, "
               f"{((host.replay_launch_s or 0.0) + host.replay_sync) * 1e6:.1f} us replayed")
     return 0

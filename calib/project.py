@@ -160,14 +160,13 @@ def project(
     host = None
     if calibration is not None and getattr(calibration, "host", None):
         fitted_host = calibration.host_model()  # type: ignore[attr-defined]
-        per_host = min(gpus, cluster.gpus_per_node)
-        host = fitted_host.on_host(per_host)
+        host = fitted_host.on_path(par.tp, par.pp, par.ep)
         calibrated.append(f"host: {host.launch_s * 1e6:.1f} us per kernel launch, {host.sync_s * 1e6:.0f} us per host "
-                          f"sync, {host.p2p_sync * 1e6:.0f} us per pipeline send/recv sync (host model, "
-                          f"{per_host} GPUs per host)")
-        if fitted_host.host_gpus and per_host > max(fitted_host.host_gpus):
-            notes.append(f"host costs of {per_host} GPUs per host are those of {max(fitted_host.host_gpus)}, the largest "
-                         "host measured: how the launch pace grows beyond it is not measured")
+                          f"sync, {host.p2p_sync * 1e6:.0f} us per pipeline send/recv sync (host model, code path "
+                          f"TP {par.tp} / PP {par.pp} / EP {par.ep})")
+        if fitted_host.beyond_fitted(par.tp, par.pp, par.ep):
+            notes.append(f"host costs of TP {par.tp} / PP {par.pp} / EP {par.ep} together are those of the longest code "
+                         "path measured: how the launch pace grows beyond it is not measured")
         if mismatch:
             transferred.append(f"host model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
     gen = generate(model, par, kernel_time, host)

@@ -356,7 +356,8 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
         network, system = engine.replay_network(b, cal)
         host = cal.host_model() if getattr(cal, "host", None) else None  # type: ignore[attr-defined]
         if host is not None:
-            host = host.on_host(b.manifest.gpu.count)
+            spec = b.manifest.spec
+            host = host.on_path(spec.tp, spec.pp, spec.ep)
         if host is not None and host.replay_launch_s is not None:  # launches at the calibrated cost
             from calib.sim import simulate
             from calib.validation.replay import replay_workload

@@ -10,7 +10,7 @@ import pytest
 
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
 from calib.errors import CalibError
-from calib.models.host import LAUNCH_MAX_S, Curves, HostModel, fit_runs, solve
+from calib.models.host import LAUNCH_MAX_S, PATH_WEIGHTS, Curves, HostModel, fit_runs, path_exponent, solve
 from calib.models.host import _Run as Run
 from calib.sim import simulate
 from calib.sim.config import Dim, NetworkConfig, SystemConfig
@@ -407,55 +407,69 @@ def test_a_host_bound_run_bounds_the_shared_cost() -> None:
     assert held[3] > 60e-6 and held[0] == pytest.approx(45e-6, rel=1e-6)
 
 
-def _shared_host_run(i: str, n: int, gpu: float, syncs: int, gpus: int) -> Run:
-    pace = 1.3 ** np.log2(gpus)  # every host cost 30 % dearer per doubling of the GPUs on the host
+def _path_run(i: str, n: int, gpu: float, syncs: int, path: float) -> Run:
+    pace = 1.3**path  # every host cost 30 % dearer per unit of parallel code path
 
     def step(c: float, s: float, p: float) -> float:
         return max(gpu, n * c) + syncs * s
 
-    return Run(i, i.upper(), step(30e-6 * pace, 2e-3 * pace, 0.0), syncs, step, 0, ((n, syncs, 0),), gpus)
+    return Run(i, i.upper(), step(30e-6 * pace, 2e-3 * pace, 0.0), syncs, step, 0, ((n, syncs, 0),), path)
 
 
-def test_fit_runs_recovers_the_pace_of_shared_hosts() -> None:
-    run = _shared_host_run
-    runs = [run("a", 4000, 0.1, 2, 1), run("b", 3000, 0.05, 4, 1), run("c", 5000, 0.1, 2, 2),
-            run("d", 2000, 0.02, 6, 2), run("e", 4000, 0.08, 3, 2), run("f", 3000, 0.06, 2, 4),
-            run("g", 2500, 0.03, 5, 4)]
+def test_fit_runs_recovers_the_pace_of_parallel_code_paths() -> None:
+    run = _path_run
+    runs = [run("a", 4000, 0.1, 2, 0), run("b", 3000, 0.05, 4, 0), run("c", 5000, 0.1, 2, 1),
+            run("d", 2000, 0.02, 6, 1), run("e", 4000, 0.08, 3, 1), run("f", 3000, 0.06, 2, 2),
+            run("g", 2500, 0.03, 5, 2)]
     model, err = fit_runs(runs)
-    assert model.pace_per_doubling == pytest.approx(1.3, rel=0.02)
-    assert model.launch_s == pytest.approx(30e-6, rel=0.03)  # kept at one GPU per host
+    assert model.pace_per_path == pytest.approx(1.3, rel=0.02)
+    assert model.launch_s == pytest.approx(30e-6, rel=0.03)  # kept on the one-GPU path
     assert model.sync_s == pytest.approx(2e-3, rel=0.1)
-    assert model.host_gpus == [1, 2, 4] and err["mape"] < 2.0
-    assert "calibrated" in model.provenance["host.pace_per_doubling"]
-    # Without the pace the same runs cannot all be met: one cost serves one host size.
-    flat, flat_err = fit_runs([dataclasses.replace(r, gpus=1) for r in runs])
-    assert flat.pace_per_doubling is None and flat_err["mape"] > 3 * err["mape"]
-    assert "not calibrated" in flat.provenance["host.pace_per_doubling"]
+    assert model.fitted_paths == [0, 1, 2] and err["mape"] < 2.0
+    assert "calibrated" in model.provenance["host.pace_per_path"]
+    # Without the pace the same runs cannot all be met: one cost serves one code path.
+    flat, flat_err = fit_runs([dataclasses.replace(r, path=0.0) for r in runs])
+    assert flat.pace_per_path is None and flat_err["mape"] > 3 * err["mape"]
+    assert "not calibrated" in flat.provenance["host.pace_per_path"]
 
 
-def test_host_costs_on_a_host_follow_the_pace_up_to_the_largest_fitted_host() -> None:
-    model = HostModel(30e-6, 2e-3, 40e-6, p2p_sync_s=1e-3, replay_sync_s=3e-3, pace_per_doubling=1.5,
-                      replay_pace_per_doubling=1.2, host_gpus=[1, 2, 4])
-    two = model.on_host(2)
-    assert (two.launch_s, two.sync_s, two.p2p_sync) == pytest.approx((45e-6, 3e-3, 1.5e-3))
-    assert (two.replay_launch_s, two.replay_sync) == pytest.approx((48e-6, 3.6e-3))
-    assert two.pace_per_doubling is None and two.on_host(4).launch_s == two.launch_s  # applied once
-    assert model.on_host(8).launch_s == model.on_host(4).launch_s == pytest.approx(67.5e-6)  # not extrapolated
-    assert model.on_host(1).launch_s == 30e-6
+def test_code_paths_follow_the_measured_weights_and_data_parallelism_adds_none() -> None:
+    assert PATH_WEIGHTS == {"tp": 1.0, "pp": 1.5, "ep": 2.0}
+    assert path_exponent(1, 1, 1) == 0.0 and path_exponent(2, 1, 1) == path_exponent(8, 1, 1) == 1.0
+    assert path_exponent(1, 4, 1) == 1.5 and path_exponent(1, 1, 2) == 2.0 and path_exponent(2, 1, 2) == 3.0
+    assert path_exponent(8, 16, 1) == 2.5
+
+
+def test_host_costs_follow_the_pace_up_to_the_longest_fitted_path() -> None:
+    model = HostModel(30e-6, 2e-3, 40e-6, p2p_sync_s=1e-3, replay_sync_s=3e-3, pace_per_path=1.5,
+                      replay_pace_per_path=1.2, fitted_paths=[0.0, 1.0, 2.0])
+    tp2 = model.on_path(2, 1, 1)
+    assert (tp2.launch_s, tp2.sync_s, tp2.p2p_sync) == pytest.approx((45e-6, 3e-3, 1.5e-3))
+    assert (tp2.replay_launch_s, tp2.replay_sync) == pytest.approx((48e-6, 3.6e-3))
+    assert tp2.pace_per_path is None and tp2.on_path(1, 1, 2).launch_s == tp2.launch_s  # applied once
+    # EP 2 is at the longest fitted path; TP 2 with EP 2 goes past it and is held there.
+    assert model.on_path(2, 1, 2).launch_s == model.on_path(1, 1, 2).launch_s == pytest.approx(67.5e-6)
+    assert model.beyond_fitted(2, 1, 2) and not model.beyond_fitted(1, 1, 2)
+    assert model.on_path(1, 1, 1).launch_s == model.on_path(1, 1, 1).launch_s == 30e-6
     back = HostModel.from_dict(model.to_dict())
-    assert (back.pace_per_doubling, back.replay_pace_per_doubling, back.host_gpus) == (1.5, 1.2, [1, 2, 4])
-    assert HostModel.from_dict({"launch_s": 1e-5}).on_host(8).launch_s == 1e-5  # older files: no pace
-    with pytest.raises(CalibError, match="pace_per_doubling 0.5 must be >= 1"):
-        HostModel.from_dict({"launch_s": 1e-5, "pace_per_doubling": 0.5})
-    with pytest.raises(CalibError, match="host_gpus"):
-        HostModel.from_dict({"launch_s": 1e-5, "host_gpus": ["two"]})
+    assert (back.pace_per_path, back.replay_pace_per_path, back.fitted_paths) == (1.5, 1.2, [0.0, 1.0, 2.0])
+    assert HostModel.from_dict({"launch_s": 1e-5}).on_path(2, 2, 2).launch_s == 1e-5  # older files: no pace
+    with pytest.raises(CalibError, match="pace_per_path 0.5 must be >= 1"):
+        HostModel.from_dict({"launch_s": 1e-5, "pace_per_path": 0.5})
+    with pytest.raises(CalibError, match="fitted_paths"):
+        HostModel.from_dict({"launch_s": 1e-5, "fitted_paths": ["two"]})
+    # A file whose pace was per GPUs on a host would be misread as per code path: refused.
+    with pytest.raises(CalibError, match="pace_per_doubling .* older calib.*refit"):
+        HostModel.from_dict({"launch_s": 1e-5, "pace_per_doubling": 1.3, "host_gpus": [1, 2]})
+    with pytest.raises(CalibError, match="path_weights .* differ"):
+        HostModel.from_dict(dict(model.to_dict(), path_weights={"tp": 1.0, "pp": 1.0, "ep": 1.0}))
 
 
 def test_pace_held_where_the_bounds_leave_one_value() -> None:
     from calib.models.host import _PaceSearch
 
-    # A 2-GPU run whose host has no room above the 1-GPU costs pins the pace at 1.
-    tight = Run("t", "T", 0.1, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), gpus=2)
-    loose = Run("l", "L", 0.2, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), gpus=4)
-    search = _PaceSearch([tight, loose], 1, (50e-6, 0.0, 0.0))
+    # A TP run whose host has no room above the one-GPU costs pins the pace at 1.
+    tight = Run("t", "T", 0.1, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), path=1.0)
+    loose = Run("l", "L", 0.2, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), path=2.0)
+    search = _PaceSearch([tight, loose], 0.0, (50e-6, 0.0, 0.0))
     assert search.fit() == 1.0 and search.heldout() == {"L": 1.0, "T": 1.0}

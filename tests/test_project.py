@@ -233,26 +233,27 @@ def test_readme_command_on_the_bundled_calibration(capsys) -> None:
     assert out["error_band"]["low"] < out["step_time_s"] < out["error_band"]["high"]
 
 
-def test_host_costs_follow_the_gpus_per_host_up_to_the_largest_measured(calibration) -> None:
+def test_host_costs_follow_the_code_path_up_to_the_longest_measured(calibration) -> None:
     import dataclasses
 
     from calib.models.host import HostModel
 
-    host = HostModel(20e-6, 1e-4, pace_per_doubling=1.5, host_gpus=[1, 2])
+    host = HostModel(20e-6, 1e-4, pace_per_path=1.5, fitted_paths=[0.0, 1.0])
     cal = dataclasses.replace(calibration, host=host.to_dict())
     model = resolve_model("gpt3-1.3b").scaled_down(2, 1024)
     cluster = load_cluster("dgx-h200")
 
-    def run(gpus: int):
-        par = ParallelConfig(tp=1, pp=1, dp=gpus, micro_batch=1, global_batch=gpus)
+    def run(gpus: int, tp: int = 1, pp: int = 1):
+        dp = gpus // (tp * pp)
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=2 * dp)
         return project(model, par, cluster, cal)
 
-    one, two, sixteen = run(1), run(2), run(16)
+    one, dp16, tp2, tp2pp2 = run(1), run(16), run(2, tp=2), run(8, tp=2, pp=2)
     line = lambda r: next(c for c in r.calibrated if c.startswith("host:"))  # noqa: E731
-    assert "20.0 us per kernel launch" in line(one) and "1 GPUs per host" in line(one)
-    assert "30.0 us per kernel launch" in line(two)
-    # 8 GPUs per node: the pace stops at the 2-GPU host measured, and the report says so.
-    assert "30.0 us per kernel launch" in line(sixteen) and "8 GPUs per host" in line(sixteen)
-    assert any("largest host measured" in n for n in sixteen.notes)
-    assert not any("largest host measured" in n for n in two.notes)
-    assert one.step_time_s < two.step_time_s
+    # Data parallelism takes the one-GPU path however many GPUs share a host.
+    assert "20.0 us per kernel launch" in line(one) and "20.0 us per kernel launch" in line(dp16)
+    assert "30.0 us per kernel launch" in line(tp2) and "TP 2 / PP 1 / EP 1" in line(tp2)
+    # TP with PP goes past the longest path measured (TP alone): held there, and the report says so.
+    assert "30.0 us per kernel launch" in line(tp2pp2)
+    assert any("longest code path measured" in n for n in tp2pp2.notes)
+    assert not any("longest code path measured" in n for n in tp2.notes)

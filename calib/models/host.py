@@ -9,10 +9,11 @@ Parameters (seconds):
 - `p2p_sync_s`: the same after a pipeline send/recv batch (megatron-core's batch_p2p_sync drains
   the device; the schedule's work between micro-batches follows before the next launch). Fitted
   on the pipeline-parallel runs only; a calibration without it uses `sync_s`.
-- `pace_per_doubling`: the factor every one of them grows by per doubling of the GPUs (training
-  processes) sharing one host; the costs are kept at one GPU per host (`HostModel.on_host(g)` gives
-  those of a host of g GPUs, no further than the largest fitted host, `host_gpus`). Fitted only where
-  the runs came from hosts of more than one size.
+- `pace_per_path`: the factor every one of them grows by per unit of the run's parallel code path,
+  `path_exponent(tp, pp, ep)` (`PATH_WEIGHTS`: what tensor, pipeline and expert parallelism add to
+  each launch's Python and autograd work; data parallelism adds none); the costs are kept at the
+  one-GPU path (`HostModel.on_path(tp, pp, ep)` gives a run's, no further than the largest fitted
+  path, `fitted_paths`). Fitted only where the runs took more than one path.
 The generator (calib.workload.generate with `host=`) puts them into the ET as ASTRA-sim CPU ops.
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
@@ -29,8 +30,8 @@ Without that bound the MAPE's two near-equal minima (~46 and ~60 us of launch on
 the fit jump to the upper one, which the host-bound runs rule out, when one of them is held out. `launch_s` is
 fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with device-to-host sync points),
 then `p2p_sync_s` at both (runs with pipeline send/recv syncs), then the pace (`_PaceSearch`), then
-all once more (three rounds with a pace). While fitting, the costs are those of the host size most
-runs had and the pace moves the others (the MAPE's valley lies along a constant cost there). Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
+all once more (three rounds with a pace). While fitting, the costs are those of the code path most
+runs took and the pace moves the others (the MAPE's valley lies along a constant cost there). Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
 informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
 (RunSpec.key(), telemetry twins together) is simulated at the costs minimising the MAPE over the
 other configurations, found on the same simulated grid (no new simulation but the held-out step).
@@ -56,13 +57,26 @@ SYNC_MAX_S = 50e-3
 ROUNDS = 2  # alternations of the launch and sync fits
 REL_TOL = 0.002  # root search: stop when the simulated step is within 0.2 % of the measured one
 GRID_FIRST = 1 / 64  # the coarse grid: 0, then hi/64, hi/32, ... (LAUNCH_MAX_S/64 = 15.6 us)
-PACE_MAX = 2.0  # search bracket for pace_per_doubling - 1: a host three times slower per doubling is not seen
+PACE_MAX = 2.0  # search bracket for pace_per_path - 1: a host three times slower per unit of path is not seen
 PACE_GRID = 9  # paces tried between the bounds (evenly in log), then
 PACE_REFINE = 6  # golden-section steps around the best
 REFINE = 12  # at most this many refinements per fit, each simulating every run at one more cost
 F_TOL = 0.02  # percentage points of MAPE: a cost that could gain less is not simulated
 DENSE = 4001  # costs at which the bound is evaluated, over [0, top]
 SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns of launch, 3 us of sync)
+# What each parallel dimension adds to the host's work per launch, as exponents of the fitted pace
+# (a dimension counts once when its degree is over 1: the code path is taken or not; TP 4 and TP 2
+# ran alike). Measured, not fitted: measure/probes/host_phases.py timed the backward's host per launch
+# on two H200s against a data-parallel run of the same lease (docs/host.md, "Host time per phase"):
+# TP 2 1.26-1.55x, PP 2 (first stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in
+# units of TP's, rounded: 1, 1.42, 1.91.
+PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
+
+
+def path_exponent(tp: int, pp: int, ep: int) -> float:
+    """The parallel code path of a run as the exponent of the host pace (`PATH_WEIGHTS`; 0: one GPU or DP only)."""
+    degrees = {"tp": tp, "pp": pp, "ep": ep}
+    return float(sum(w for d, w in PATH_WEIGHTS.items() if int(degrees[d]) > 1))
 
 
 @dataclass
@@ -76,23 +90,29 @@ class HostModel:
     replay_sync_s: float | None = None  # per sync point, for replays (fit_replay_launch); None: sync_s
     p2p_sync_s: float | None = None  # per pipeline send/recv sync; None: sync_s
     replay_p2p_sync_s: float | None = None  # the same for replays; None: replay_sync
-    # Every host cost grows by this factor per doubling of the GPUs (training processes) sharing one
-    # host; the costs above are those of one GPU per host. None: not fitted (1).
-    pace_per_doubling: float | None = None
-    replay_pace_per_doubling: float | None = None
-    host_gpus: list[int] = field(default_factory=list)  # GPUs per host of the fitted runs; the pace stops at the most
+    # Every host cost grows by this factor per unit of the run's code path (path_exponent); the costs
+    # above are those of one GPU. None: not fitted (1).
+    pace_per_path: float | None = None
+    replay_pace_per_path: float | None = None
+    fitted_paths: list[float] = field(default_factory=list)  # path exponents of the fitted runs; the pace stops at the most
 
-    def pace(self, gpus: int, replay: bool = False) -> float:
-        """The factor on every host cost of a run with `gpus` GPUs on its host, no further than the
-        largest fitted host (beyond it nothing was measured)."""
-        f = self.replay_pace_per_doubling if replay else self.pace_per_doubling
-        if f is None or not self.host_gpus:
+    def pace(self, path: float, replay: bool = False) -> float:
+        """The factor on every host cost of a run whose code path has exponent `path`, no further than
+        the largest fitted path (beyond it nothing was measured)."""
+        f = self.replay_pace_per_path if replay else self.pace_per_path
+        if f is None or not self.fitted_paths:
             return 1.0
-        return host_pace(f, min(max(int(gpus), 1), max(self.host_gpus)))
+        return path_pace(f, min(max(float(path), 0.0), max(self.fitted_paths)))
 
-    def on_host(self, gpus: int) -> HostModel:
-        """The costs a run with `gpus` GPUs on its host sees (pace applied; the copy has none of its own)."""
-        k, r = self.pace(gpus), self.pace(gpus, replay=True)
+    def beyond_fitted(self, tp: int, pp: int, ep: int) -> bool:
+        """Whether a run of this parallelism takes a code path past every fitted one (its pace is held there)."""
+        return self.pace_per_path is not None and bool(self.fitted_paths) and \
+            path_exponent(tp, pp, ep) > max(self.fitted_paths)
+
+    def on_path(self, tp: int, pp: int, ep: int) -> HostModel:
+        """The costs a run of this tensor, pipeline and expert parallelism sees (pace applied; the copy has none of its own)."""
+        path = path_exponent(tp, pp, ep)
+        k, r = self.pace(path), self.pace(path, replay=True)
 
         def times(x: float | None, by: float) -> float | None:
             return None if x is None else x * by
@@ -100,8 +120,8 @@ class HostModel:
         return dataclasses.replace(
             self, launch_s=self.launch_s * k, sync_s=self.sync_s * k, p2p_sync_s=times(self.p2p_sync_s, k),
             replay_launch_s=times(self.replay_launch_s, r), replay_sync_s=times(self.replay_sync_s, r),
-            replay_p2p_sync_s=times(self.replay_p2p_sync_s, r), pace_per_doubling=None,
-            replay_pace_per_doubling=None)
+            replay_p2p_sync_s=times(self.replay_p2p_sync_s, r), pace_per_path=None,
+            replay_pace_per_path=None)
 
     @property
     def replay_sync(self) -> float:
@@ -123,10 +143,10 @@ class HostModel:
             "replay_launch_s": None if self.replay_launch_s is None else float(self.replay_launch_s),
             "replay_sync_s": None if self.replay_sync_s is None else float(self.replay_sync_s),
             "replay_p2p_sync_s": None if self.replay_p2p_sync_s is None else float(self.replay_p2p_sync_s),
-            "pace_per_doubling": None if self.pace_per_doubling is None else float(self.pace_per_doubling),
-            "replay_pace_per_doubling": (None if self.replay_pace_per_doubling is None
-                                         else float(self.replay_pace_per_doubling)),
-            "host_gpus": [int(g) for g in self.host_gpus],
+            "pace_per_path": None if self.pace_per_path is None else float(self.pace_per_path),
+            "replay_pace_per_path": None if self.replay_pace_per_path is None else float(self.replay_pace_per_path),
+            "fitted_paths": [float(g) for g in self.fitted_paths],
+            "path_weights": dict(PATH_WEIGHTS),  # what the pace was fitted with (checked on reading)
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
         }
@@ -146,31 +166,42 @@ class HostModel:
         if replay is not None and not (np.isfinite(replay) and replay >= 0):
             raise CalibError(f"calibration host section: replay_launch_s {replay} must be finite and >= 0")
         rsync, p2p, rp2p = (_optional_cost(data, k) for k in ("replay_sync_s", "p2p_sync_s", "replay_p2p_sync_s"))
-        pace, rpace = (_optional_pace(data, k) for k in ("pace_per_doubling", "replay_pace_per_doubling"))
+        for old in ("pace_per_doubling", "replay_pace_per_doubling"):
+            if data.get(old) is not None:  # its costs are per GPUs on a host: read as per code path they would be wrong
+                raise CalibError(f"calibration host section: {old} (host costs by GPUs per host) is from an older "
+                                 "calib; this one scales them by the parallel code path (pace_per_path): refit with "
+                                 "`calib fit`")
+        pace, rpace = (_optional_pace(data, k) for k in ("pace_per_path", "replay_pace_per_path"))
         try:
-            gpus = [int(g) for g in data.get("host_gpus") or []]
-        except (TypeError, ValueError):
-            raise CalibError("calibration host section: host_gpus must be a list of GPU counts") from None
-        if any(g < 1 for g in gpus):
-            raise CalibError(f"calibration host section: host_gpus {gpus} must be positive GPU counts")
+            paths = [float(g) for g in data.get("fitted_paths") or []]
+            weights = {str(d): float(w) for d, w in (data.get("path_weights") or PATH_WEIGHTS).items()}
+        except (TypeError, ValueError, AttributeError):
+            raise CalibError("calibration host section: fitted_paths must be a list of numbers and path_weights a "
+                             "mapping of tp/pp/ep to numbers") from None
+        if any(not np.isfinite(g) or g < 0 for g in paths):
+            raise CalibError(f"calibration host section: fitted_paths {paths} must be finite and >= 0")
+        if weights != PATH_WEIGHTS and pace is not None:
+            # The weights are this calib's measured constants; a file fitted with others would be misread.
+            raise CalibError(f"calibration host section: path_weights {weights} differ from this calib's "
+                             f"{PATH_WEIGHTS}: refit with `calib fit`")
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
-                   dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, gpus)
+                   dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, paths)
 
 
-def host_pace(per_doubling: float, gpus: int) -> float:
-    """The factor on a host cost with `gpus` GPUs sharing the host, `per_doubling` per doubling (1 at one GPU)."""
-    return float(per_doubling) ** math.log2(gpus)
+def path_pace(per_path: float, path: float) -> float:
+    """The factor on a host cost of a run whose code path has exponent `path` (1 at one GPU)."""
+    return float(per_path) ** float(path)
 
 
-def _relative_pace(per_doubling: float, gpus: int, ref: int) -> float:
-    """The factor on a host cost fitted at `ref` GPUs per host for a run with `gpus` on its host."""
-    return host_pace(per_doubling, gpus) / host_pace(per_doubling, ref)
+def _relative_pace(per_path: float, path: float, ref: float) -> float:
+    """The factor on a host cost fitted at code path `ref` for a run on code path `path`."""
+    return path_pace(per_path, path - ref)
 
 
 def _optional_pace(data: dict, key: str) -> float | None:
     value = _optional_cost(data, key)
     if value is not None and value < 1.0:
-        raise CalibError(f"calibration host section: {key} {value} must be >= 1 (more GPUs per host never speed it)")
+        raise CalibError(f"calibration host section: {key} {value} must be >= 1 (a parallel code path never speeds the host)")
     return value
 
 
@@ -204,7 +235,7 @@ class _Run:
     p2p_syncs: int = 0  # pipeline send/recv sync points
     # Per rank class: (launches, device-to-host sync points, pipeline sync points) of one step.
     host_work: tuple[tuple[int, int, int], ...] = ()
-    gpus: int = 1  # GPUs (training processes) sharing the run's host
+    path: float = 0.0  # the run's parallel code path (path_exponent)
 
     def cap(self, which: int) -> float:
         """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that this run's host can
@@ -404,20 +435,20 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
     measured = [r.measured_s for r in runs]
     synced = [r for r in runs if r.syncs]
     piped = [r for r in runs if r.p2p_syncs]
-    # The costs are fitted at the host size most runs had (`ref`) and the pace moves the others: the
-    # MAPE's valley runs along a constant cost at that size, so that a launch cost fitted at one GPU
-    # would trade off against the pace along a diagonal that alternating fits crawl along.
-    sizes = sorted({r.gpus for r in runs})
-    ref = max(sizes, key=lambda g: (sum(r.gpus == g for r in runs), -g))
-    off = [r for r in runs if r.gpus != ref]
+    # The costs are fitted at the code path most runs took (`ref`) and the pace moves the others: the
+    # MAPE's valley runs along a constant cost there, so that a launch cost fitted at one GPU would
+    # trade off against the pace along a diagonal that alternating fits crawl along.
+    paths = sorted({r.path for r in runs})
+    ref = max(paths, key=lambda g: (sum(r.path == g for r in runs), -g))
+    off = [r for r in runs if r.path != ref]
     launch_s = sync_s = p2p_s = 0.0
-    per_doubling = 1.0
+    per_path = 1.0
     sc: Curves | None = None
     pc: Curves | None = None
     ps: _PaceSearch | None = None
 
     def k(r: _Run, f: float | None = None) -> float:
-        return _relative_pace(per_doubling if f is None else f, r.gpus, ref)
+        return _relative_pace(per_path if f is None else f, r.path, ref)
 
     for rnd in range(ROUNDS + (1 if off else 0)):  # each cost in turn at the others' current values
         # The first round starts each cost on the runs the costs not fitted yet cannot distort (runs
@@ -442,8 +473,8 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             p2p_s = pc.fit()
         if off:
             ps = _PaceSearch(off, ref, (launch_s, sync_s, p2p_s))
-            per_doubling = ps.fit()
-    at_one = 1.0 / host_pace(per_doubling, ref)  # the costs of one GPU per host, as the model keeps them
+            per_path = ps.fit()
+    at_one = 1.0 / path_pace(per_path, ref)  # the costs of the one-GPU path, as the model keeps them
     keys = [r.key for r in runs]
     held_launch = lc.heldout(keys) if cross_validate else {}
     held_sync = sc.heldout([r.key for r in synced]) if sc and cross_validate else {}
@@ -461,13 +492,13 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             # A configuration whose runs all have sync points, but no other configuration has any: no sync cost.
             so = held_sync.get(j, 0.0) if j is not None else 0.0
             po = held_p2p.get(q, 0.0) if q is not None else 0.0
-            ko = k(r, held_pace.get(r.key, per_doubling))
+            ko = k(r, held_pace.get(r.key, per_path))
             heldout = r.step(held_launch[i] * ko, so * ko, po * ko)
             held_pred.append(heldout)
             held_meas.append(r.measured_s)
         per_run.append({
             # roots: the cost this run's own host needed (informative)
-            "id": r.id, "config": r.key, "measured_s": r.measured_s, "gpus": r.gpus, "launch_s": lc.roots[i] * k(r),
+            "id": r.id, "config": r.key, "measured_s": r.measured_s, "path": r.path, "launch_s": lc.roots[i] * k(r),
             "sync_s": sc.roots[j] * k(r) if sc is not None and j is not None else None, "syncs": r.syncs,
             "p2p_sync_s": pc.roots[q] * k(r) if pc is not None and q is not None else None, "p2p_syncs": r.p2p_syncs,
             "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s * k(r), sync_s * k(r), p2p_s * k(r)),
@@ -475,59 +506,60 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
     err = {} if not cross_validate else error_stat(
         np.array(held_pred), np.array(held_meas),
         "leave-one-configuration-out: each configuration's simulated step at the launch and sync costs (and the pace "
-        "per doubling of GPUs per host) that minimise the mean absolute percent error over the other configurations' "
+        "per unit of parallel code path) that minimise the mean absolute percent error over the other configurations' "
         "runs (kernel and network models as given; from the last round's simulations, each cost at the others' values "
         "when it was fitted)").to_dict()
     src = _short([r.id for r in runs])
     model = HostModel(launch_s * at_one, sync_s * at_one, None, dict(SYNC_AFTER), per_run,
                       p2p_sync_s=p2p_s * at_one if piped else None,
-                      pace_per_doubling=per_doubling if off else None, host_gpus=sizes,
+                      pace_per_path=per_path if off else None, fitted_paths=paths,
                       provenance={
         "host.launch_s": "calibrated: the cost per launch minimising the mean absolute percent error of the "
-                         f"simulated against the measured step over {src}" + (" (at one GPU per host)" if off else ""),
+                         f"simulated against the measured step over {src}" + (" (on the one-GPU path)" if off else ""),
         "host.sync_s": ("calibrated: the cost per sync point minimising the same error at host.launch_s over "
                         f"{_short([r.id for r in synced])}" if synced else
                         "not calibrated: no training bundle has a host sync point (0)"),
         "host.p2p_sync_s": ("calibrated: the cost per pipeline send/recv sync minimising the same error at "
                             f"host.launch_s and host.sync_s over {_short([r.id for r in piped])}" if piped else
                             "not calibrated: no pipeline-parallel training bundle (host.sync_s is used)"),
-        "host.pace_per_doubling": (
-            "calibrated: the factor on every host cost per doubling of the GPUs sharing a host, minimising the same "
-            f"error over the runs on hosts of {', '.join(str(g) for g in sizes)} GPUs; not extrapolated "
-            f"beyond {max(sizes)} GPUs per host" if off else
-            f"not calibrated: every training bundle had {sizes[0]} GPU(s) on its host (no pace: costs as fitted)"),
+        "host.pace_per_path": (
+            "calibrated: the factor on every host cost per unit of the parallel code path (exponents TP "
+            f"{PATH_WEIGHTS['tp']:g}, PP {PATH_WEIGHTS['pp']:g}, EP {PATH_WEIGHTS['ep']:g}, measured by "
+            "measure/probes/host_phases.py; DP 0), minimising the same error over runs on paths "
+            f"{', '.join(f'{g:g}' for g in paths)}; not extrapolated beyond {max(paths):g}" if off else
+            f"not calibrated: every training bundle took code path {paths[0]:g} (no pace: costs as fitted)"),
         "host.sync_points": "configured: megatron-core host synchronisations (calib.workload.host.SYNC_AFTER)",
     })
     return model, err
 
 
 class _PaceSearch:
-    """The pace per doubling of GPUs per host, at given costs of the reference host size: the MAPE over
-    the runs on other host sizes (a reference-size run does not depend on it) is searched over a grid of
-    paces and refined around its best by golden section. The step of a run on a larger host grows with
-    the pace, one on a smaller host shrinks with it, so the pace cannot be fitted with `Curves` (which
-    needs every step non-decreasing). Each run bounds the pace (_Run.cap) on the side its host is on."""
+    """The pace per unit of code path, at given costs of the reference path: the MAPE over the runs on
+    other paths (a reference-path run does not depend on it) is searched over a grid of paces and
+    refined around its best by golden section. The step of a run on a longer path grows with the pace,
+    one on a shorter path shrinks with it, so the pace cannot be fitted with `Curves` (which needs every
+    step non-decreasing). Each run bounds the pace (_Run.cap) on the side its path is on."""
 
-    def __init__(self, runs: Sequence[_Run], ref: int, costs: tuple[float, float, float]) -> None:
+    def __init__(self, runs: Sequence[_Run], ref: float, costs: tuple[float, float, float]) -> None:
         self.runs, self.ref, self.costs = list(runs), ref, costs
         self.measured = np.array([r.measured_s for r in self.runs])
         self.tried: dict[float, np.ndarray] = {}
         lo, hi = 1.0, 1.0 + PACE_MAX
         for r in self.runs:
-            e = math.log2(r.gpus) - math.log2(ref)
+            e = r.path - ref
             room = min((r.cap(w) / c for w, c in enumerate(costs) if c > 0), default=float("inf"))
-            if np.isfinite(room) and room > 0:  # the run's costs times pace**e stay within its bound
+            if np.isfinite(room) and room > 0 and e != 0:  # the run's costs times pace**e stay within its bound
                 if e > 0:
                     hi = min(hi, room ** (1.0 / e))
                 else:
                     lo = max(lo, room ** (1.0 / e))
-        self.lo, self.hi = lo, max(lo, hi)  # contradicting bounds: the least pace the smaller hosts allow
+        self.lo, self.hi = lo, max(lo, hi)  # contradicting bounds: the least pace the shorter paths allow
 
     def steps(self, f: float) -> np.ndarray:
         if f not in self.tried:
             out = []
             for r in self.runs:
-                kr = _relative_pace(f, r.gpus, self.ref)
+                kr = _relative_pace(f, r.path, self.ref)
                 out.append(r.step(*(c * kr for c in self.costs)))
             self.tried[f] = np.array(out)
         return self.tried[f]
@@ -610,12 +642,13 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     work = _host_work(probe.workload)
     p2p = sum(w[2] for w in work)
     syncs = sum(w[1] for w in work)
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _host_gpus(bundle))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle))
 
 
-def _host_gpus(bundle: Any) -> int:
-    """The GPUs (training processes) that shared the bundle's host: every measured run is single-host."""
-    return max(int(bundle.manifest.gpu.count), 1)
+def _path_of(bundle: Any) -> float:
+    """The parallel code path the bundle's run took (path_exponent)."""
+    spec = bundle.manifest.spec
+    return path_exponent(spec.tp, spec.pp, spec.ep)
 
 
 def _host_work(workload: Any) -> tuple[tuple[int, int, int], ...]:
@@ -674,7 +707,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         return cache[key]
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _host_gpus(bundle))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle))
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
@@ -699,8 +732,8 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
     fitted, err = fit_runs(runs)  # launch and sync costs of the replays, as for generated steps
     out = HostModel.from_dict(host.to_dict())
     out.replay_launch_s, out.replay_sync_s, out.replay_p2p_sync_s = fitted.launch_s, fitted.sync_s, fitted.p2p_sync_s
-    out.replay_pace_per_doubling = fitted.pace_per_doubling
-    out.host_gpus = sorted(set(out.host_gpus) | set(fitted.host_gpus))
+    out.replay_pace_per_path = fitted.pace_per_path
+    out.fitted_paths = sorted(set(out.fitted_paths) | set(fitted.fitted_paths))
     per = {r["id"]: r for r in fitted.runs}
     for r in out.runs:
         if r["id"] in per:
@@ -716,10 +749,10 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         "calibrated: the cost per pipeline send/recv sync of the replays minimising the same error over the "
         "pipeline-parallel replays" if fitted.p2p_sync_s is not None else
         "not calibrated: no pipeline-parallel replay (host.replay_sync_s is used)")
-    out.provenance["host.replay_pace_per_doubling"] = (
-        "calibrated: the factor on every replay host cost per doubling of the GPUs sharing a host, minimising the "
-        "same error over the replays" if fitted.pace_per_doubling is not None else
-        "not calibrated: every replay ran on a host of one size (no pace)")
+    out.provenance["host.replay_pace_per_path"] = (
+        "calibrated: the factor on every replay host cost per unit of the parallel code path, minimising the "
+        "same error over the replays" if fitted.pace_per_path is not None else
+        "not calibrated: every replay took one code path (no pace)")
     err["method"] = ("leave-one-configuration-out on replays of the converted ETs: each configuration replayed at the "
                      "launch and sync costs minimising the mean absolute percent error over the other configurations' "
                      "replays")

@@ -1,0 +1,68 @@
+"""How much the host fit depends on the code-path weights (docs/host.md, "The host's pace follows the
+parallel code path").
+
+    python benchmarks/host_path_weights.py [BUNDLE_DIR] [VARIANT ...]   (default: traces/h200, all variants)
+
+Prepares every real training bundle's generated step once (calib.models.host.prepare_run, the
+calibration in calib/data as the kernel and network models) and fits the host model (`fit_runs`, with
+its leave-one-configuration-out error) with each run's code path taken differently: by the GPUs on its
+host (log2 of the count, the pace per doubling of the eleventh to fifteenth sessions) or by weights for
+TP, PP and EP (`PATH_WEIGHTS` is the one calib uses). Prints the fitted costs, pace and error per
+variant, and each variant's largest held-out errors. About a minute per variant on 2 cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+VARIANTS: dict[str, dict[str, float] | None] = {
+    "gpus-per-host": None,
+    "tp1-pp1-ep2": {"tp": 1, "pp": 1, "ep": 2},
+    "tp1-pp1.5-ep2": {"tp": 1, "pp": 1.5, "ep": 2},  # PATH_WEIGHTS
+    "tp1-pp1-ep3": {"tp": 1, "pp": 1, "ep": 3},
+    "tp1-pp1-ep1.5": {"tp": 1, "pp": 1, "ep": 1.5},
+}
+
+
+def main(argv: list[str]) -> int:
+    from calib.bundle.io import load_bundles
+    from calib.calibration import Calibration
+    from calib.models.host import fit_runs, prepare_run
+    from calib.validation.measured import is_real_gpu
+
+    dirs = [a for a in argv if a not in VARIANTS] or [str(ROOT / "traces" / "h200")]
+    names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
+    bundles = load_bundles(dirs)
+    chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
+    gpu = chosen[0].manifest.gpu.name.split()[-1].lower()
+    cal = Calibration.load(str(ROOT / "calib" / "data" / f"calibration-{gpu}.yaml"))
+    runs = [prepare_run(b, cal.kernel_model(), cal) for b in chosen]
+    by_id = {b.id: b for b in chosen}
+    for name in names:
+        w = VARIANTS[name]
+
+        def path(bid: str, w: dict[str, float] | None = w) -> float:
+            m = by_id[bid].manifest
+            if w is None:
+                return math.log2(max(int(m.gpu.count), 1))
+            s = m.spec
+            return float(sum(w[d] for d, n in (("tp", s.tp), ("pp", s.pp), ("ep", s.ep)) if n > 1))
+
+        t = time.perf_counter()
+        model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
+        print(f"{name:14s} launch {model.launch_s * 1e6:5.1f} us  sync {model.sync_s * 1e6:5.1f} us  "
+              f"p2p {(model.p2p_sync_s or 0) * 1e6:6.1f} us  pace {model.pace_per_path or 1:.3f}  "
+              f"LOCO {err['mape']:.2f} / {err['max']:.2f} %  ({time.perf_counter() - t:.0f} s)")
+        worst = sorted(model.runs, key=lambda r: -abs(r["heldout_step_s"] / r["measured_s"] - 1))[:5]
+        print("    " + ", ".join(f"{r['id']} {100 * (r['heldout_step_s'] / r['measured_s'] - 1):+.1f}" for r in worst))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
