@@ -463,6 +463,8 @@ def test_host_costs_follow_the_pace_up_to_the_longest_fitted_path() -> None:
         HostModel.from_dict({"launch_s": 1e-5, "pace_per_doubling": 1.3, "host_gpus": [1, 2]})
     with pytest.raises(CalibError, match="path_weights .* differ"):
         HostModel.from_dict(dict(model.to_dict(), path_weights={"tp": 1.0, "pp": 1.0, "ep": 1.0}))
+    with pytest.raises(CalibError, match="path_weights .* differ"):  # a replay pace alone is read by them too
+        HostModel.from_dict({"launch_s": 1e-5, "replay_pace_per_path": 1.2, "path_weights": {"tp": 2.0}})
 
 
 def test_pace_held_where_the_bounds_leave_one_value() -> None:

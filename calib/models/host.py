@@ -65,8 +65,8 @@ F_TOL = 0.02  # percentage points of MAPE: a cost that could gain less is not si
 DENSE = 4001  # costs at which the bound is evaluated, over [0, top]
 SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns of launch, 3 us of sync)
 # What each parallel dimension adds to the host's work per launch, as exponents of the fitted pace
-# (a dimension counts once when its degree is over 1: the code path is taken or not; TP 4 and TP 2
-# ran alike). Measured, not fitted: measure/probes/host_phases.py timed the backward's host per launch
+# (a dimension counts once when its degree is over 1: the code path is taken or not; the committed TP 4
+# and EP 4 runs needed about the cost per launch of the TP 2 and EP 2 ones). Measured, not fitted: measure/probes/host_phases.py timed the backward's host per launch
 # on two H200s against a data-parallel run of the same lease (docs/host.md, "Host time per phase"):
 # TP 2 1.26-1.55x, PP 2 (first stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in
 # units of TP's, rounded: 1, 1.42, 1.91.
@@ -106,8 +106,8 @@ class HostModel:
 
     def beyond_fitted(self, tp: int, pp: int, ep: int) -> bool:
         """Whether a run of this parallelism takes a code path past every fitted one (its pace is held there)."""
-        return self.pace_per_path is not None and bool(self.fitted_paths) and \
-            path_exponent(tp, pp, ep) > max(self.fitted_paths)
+        fitted = self.pace_per_path is not None and bool(self.fitted_paths)
+        return fitted and path_exponent(tp, pp, ep) > max(self.fitted_paths)
 
     def on_path(self, tp: int, pp: int, ep: int) -> HostModel:
         """The costs a run of this tensor, pipeline and expert parallelism sees (pace applied; the copy has none of its own)."""
@@ -180,7 +180,7 @@ class HostModel:
                              "mapping of tp/pp/ep to numbers") from None
         if any(not np.isfinite(g) or g < 0 for g in paths):
             raise CalibError(f"calibration host section: fitted_paths {paths} must be finite and >= 0")
-        if weights != PATH_WEIGHTS and pace is not None:
+        if weights != PATH_WEIGHTS and (pace is not None or rpace is not None):
             # The weights are this calib's measured constants; a file fitted with others would be misread.
             raise CalibError(f"calibration host section: path_weights {weights} differ from this calib's "
                              f"{PATH_WEIGHTS}: refit with `calib fit`")
