@@ -33,15 +33,15 @@ VARIANTS: dict[str, dict[str, float] | None] = {
 def main(argv: list[str]) -> int:
     from calib.bundle.io import load_bundles
     from calib.calibration import Calibration
-    from calib.models.host import fit_runs, prepare_run
+    from calib.models.host import fit_runs, path_exponent, prepare_run
+    from calib.project import default_calibration_path
     from calib.validation.measured import is_real_gpu
 
     dirs = [a for a in argv if a not in VARIANTS] or [str(ROOT / "traces" / "h200")]
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     bundles = load_bundles(dirs)
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
-    gpu = chosen[0].manifest.gpu.name.split()[-1].lower()
-    cal = Calibration.load(str(ROOT / "calib" / "data" / f"calibration-{gpu}.yaml"))
+    cal = Calibration.load(str(default_calibration_path(chosen[0].manifest.gpu.name)))
     runs = [prepare_run(b, cal.kernel_model(), cal) for b in chosen]
     by_id = {b.id: b for b in chosen}
     for name in names:
@@ -51,8 +51,7 @@ def main(argv: list[str]) -> int:
             m = by_id[bid].manifest
             if w is None:
                 return math.log2(max(int(m.gpu.count), 1))
-            s = m.spec
-            return float(sum(w[d] for d, n in (("tp", s.tp), ("pp", s.pp), ("ep", s.ep)) if n > 1))
+            return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, w)
 
         t = time.perf_counter()
         model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])

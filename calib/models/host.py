@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +73,11 @@ SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns
 PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
 
 
-def path_exponent(tp: int, pp: int, ep: int) -> float:
-    """The parallel code path of a run as the exponent of the host pace (`PATH_WEIGHTS`; 0: one GPU or DP only)."""
+def path_exponent(tp: int, pp: int, ep: int, weights: Mapping[str, float] = PATH_WEIGHTS) -> float:
+    """The parallel code path of a run as the exponent of the host pace (`weights`, calib's are
+    `PATH_WEIGHTS`; 0: one GPU or DP only)."""
     degrees = {"tp": tp, "pp": pp, "ep": ep}
-    return float(sum(w for d, w in PATH_WEIGHTS.items() if int(degrees[d]) > 1))
+    return float(sum(w for d, w in weights.items() if int(degrees[d]) > 1))
 
 
 @dataclass

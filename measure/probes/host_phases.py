@@ -254,8 +254,8 @@ def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
 def launches_per_span(trace: dict) -> list[dict]:
     """Each profiler range of the profiled step with the launches made inside it (nested ranges
     keep their own: a launch counts in the innermost range holding it) and their kernels' GPU time.
-    Runtime and driver calls alike (calib.convert.kineto): NCCL launches its kernels through the
-    driver (cuLaunchKernelEx), which a count of runtime calls alone misses."""
+    Runtime and driver calls alike (calib.convert.kineto): cuBLAS's GEMMs and NCCL's kernels are
+    launched through the driver (cuLaunchKernelEx), which a count of runtime calls alone misses."""
     from calib.convert.kineto import parse_kineto
 
     kt = parse_kineto(trace, Path("profiled step"))
