@@ -107,14 +107,17 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
 
 
 def model_on_profiled(bundle, rank: int, kernel_model) -> pd.DataFrame:
-    """The kernel model's time for the profiled kernels' own records (kernels.parquet), per aten_op."""
+    """The kernel model's time for the profiled kernels' own records (kernels.parquet), per aten_op,
+    one prediction per op instance as the model is fitted (calib.models.kernel.op_instances)."""
     from calib.fit import memory_layouts, shared_pieces
+    from calib.models.kernel import op_instances
 
     k = shared_pieces(bundle.table("kernels"))  # as calib fit reads it
     k = k[(k["rank"] == rank) & ~k["name"].astype(str).str.startswith("nccl")]
     if "step" in k and k["step"].nunique() > 1:  # one profiled step per rank is the rule; keep the first
         k = k[k["step"] == k["step"].min()]
-    k = k.assign(layout=memory_layouts(k, bench=False))  # as calib fit labels them
+    k = k.assign(layout=memory_layouts(k, bench=False), source="trace")  # as calib fit labels them
+    k = op_instances(k.reset_index(drop=True))
     pred = np.asarray(kernel_model.predict(k.reset_index(drop=True)), dtype=float)
     # A record the model cannot size (no bytes/flops) is charged as measured: it is not the templates' fault.
     pred = np.where(np.isfinite(pred), pred, k["time_s"].to_numpy(dtype=float))
@@ -131,8 +134,11 @@ def generated_ops(gen, stage: int, kernel_model) -> tuple[pd.DataFrame, int]:
     table = pd.DataFrame([o.record() for o in ops])
     secs = np.asarray(kernel_model.predict(table), dtype=float)
     n = np.array([counts[o] for o in ops], dtype=float)
-    # a repeated op's record is one chunk, so its count already includes the repeats
-    df = pd.DataFrame({"op_class": table["op_class"], "aten_op": table["aten_op"], "gen_n": n, "gen_s": n * secs})
+    kernels = np.array([o.kernels for o in ops], dtype=float)
+    # a repeated op's record is one chunk, so its count already includes the repeats; an op of several
+    # kernels (Op.kernels) is timed once for all of them
+    df = pd.DataFrame({"op_class": table["op_class"], "aten_op": table["aten_op"], "gen_n": n * kernels,
+                       "gen_s": n * secs})
     out = df.groupby(["op_class", "aten_op"]).agg(gen_n=("gen_n", "sum"), gen_s=("gen_s", "sum")).reset_index()
     comm = sum(1 for x in gen.workload.classes[stage].trace.nodes
                if x.type in (NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE))

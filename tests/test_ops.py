@@ -102,7 +102,11 @@ def test_memory_bound_names(name: str) -> None:
     ("Memcpy DtoH (Device -> Pinned)", "dtoh"),
     ("Memcpy HtoD (Pageable -> Device)", "htod"),
     ("Memset (Device)", "memset"),
-    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", ""),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>", "strided"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<...>", "contiguous"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<...>", "contiguous"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_alignedK_contig<...>", "contiguous"),
+    ("void at::native::(anonymous namespace)::index_elementwise_kernel<128, 4>()", ""),
     ("copy/1048576", ""),
     (None, ""),
 ])

@@ -283,8 +283,9 @@ def test_gemms_match_a_measured_megatron_core_step(samples) -> None:
         keep &= ~((part["aten_op"] == "aten::sum") & (part["bytes"] < 1e4))  # tiny bias-grad finalisers
         return float(part.loc[keep, "bytes"].sum())
 
-    def generated_bytes(items) -> float:
-        return sum(o.bytes for o in items if isinstance(o, O.Op) and o.op_class != "gemm" and "main_grad" not in o.name)
+    def generated_bytes(items) -> float:  # every kernel of an op records the op's bytes (calib.ops)
+        return sum(o.bytes * o.kernels for o in items
+                   if isinstance(o, O.Op) and o.op_class != "gemm" and "main_grad" not in o.name)
 
     assert generated_bytes(O.layer_fwd(model, par)) == pytest.approx(measured_bytes(qkv[0] + 1, qkv[1] - 1), rel=1e-3)
     assert generated_bytes(O.layer_bwd(model, par)) == pytest.approx(measured_bytes(dq[0] + 1, dq[1]), rel=1e-3)
@@ -406,7 +407,7 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
     import re
 
     from calib.ops import LAYOUTS
-    from calib.workload.ops import MEMOP_LAYOUT, role_of
+    from calib.workload.ops import LAYOUT_BY_CONFIG, MEMOP_LAYOUT, role_of
 
     roles: set[str] = set()
     for name, par in (("llama3-8b@L2", ParallelConfig(tp=2, pp=2, global_batch=4, recompute="selective")),
@@ -420,7 +421,10 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
                 if op.op_class == "memory":
                     role = role_of(op.name)
                     roles.add(role)
-                    assert op.layout == MEMOP_LAYOUT.get(role, ""), op
+                    if role in LAYOUT_BY_CONFIG:
+                        assert op.layout in LAYOUTS and role not in MEMOP_LAYOUT, op
+                    else:
+                        assert op.layout == MEMOP_LAYOUT.get(role, ""), op
                     assert op.record()["layout"] == op.layout
     assert set(MEMOP_LAYOUT) <= roles, sorted(set(MEMOP_LAYOUT) - roles)
     assert all(v in LAYOUTS or re.fullmatch(r"reduce\d+x\d+", v) for v in MEMOP_LAYOUT.values())
@@ -450,3 +454,26 @@ def test_memop_layouts_agree_with_profiled_steps() -> None:
             assert seen.most_common(1)[0][0] == MEMOP_LAYOUT[role], (role, dict(seen))
             checked += 1
     assert checked > 60
+
+
+def test_a_norm_backward_is_timed_once_and_launched_as_its_two_kernels() -> None:
+    """The kernel model is fitted on op instances (a norm backward's input- and weight-gradient kernels
+    summed), so the generator times the op once; the host still launches both kernels."""
+    from types import SimpleNamespace
+
+    from calib.chakra.model import NodeType as NT
+    from calib.workload import ops as O
+    from calib.workload.host import count_host
+
+    model, par = resolve_model("gpt3-1.3b@L2"), ParallelConfig(global_batch=2)
+    norms = [o for o in O.layer_bwd(model, par) if isinstance(o, O.Op) and o.aten_op.endswith("norm_backward")]
+    assert [o.kernels for o in norms] == [2, 2]
+    gen = generate(model, par, roofline, SimpleNamespace(launch_s=1e-6, sync_s=0.0))
+    counts = gen.op_counts(0)
+    trace = gen.workload.classes[0].trace
+    launches, _ = count_host(trace)
+    colls = sum(n.type in (NT.COMM_COLL_NODE, NT.COMM_SEND_NODE, NT.COMM_RECV_NODE) for n in trace.nodes)
+    assert launches == sum(n * o.kernels for o, n in counts.items()) + colls
+    seconds = dict(zip(gen.ops["name"], gen.ops["time_s"], strict=True))
+    gpu_ns = sum(n.duration_ns for n in trace.nodes if n.type == NT.COMP_NODE and not n.is_cpu_op)
+    assert gpu_ns == pytest.approx(sum(n * seconds[o.name] for o, n in counts.items()) * 1e9, rel=1e-6)

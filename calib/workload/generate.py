@@ -291,6 +291,20 @@ class TraceBuilder:
 # --- templates to segments ----------------------------------------------------------------------
 
 
+def _kernel_runs(run: list[tuple[O.Op, int]], durations: dict[O.Op, int]) -> list[tuple[int, int]]:
+    """(duration_ns, count) of the kernels a run of (op, repeat) launches: an op of several kernels
+    (Op.kernels) has its instance's time spread over them."""
+    out: list[tuple[int, int]] = []
+    for o, r in run:
+        d, k = durations[o], o.kernels
+        if k == 1:
+            out.append((d, r))
+            continue
+        q = d // k
+        out += [(q, k - 1), (d - (k - 1) * q, 1)] * r
+    return out
+
+
 def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozenset[str] = frozenset(),
              launch_ns: int | None = None) -> Compiled:
     """Fuse runs of compute ops into segments; with `sync_after` a run also ends after an op the host
@@ -309,7 +323,7 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozen
         mem = sum(d for (o, _), d in zip(run, each, strict=True) if o.op_class not in FLOP_CLASSES)
         out.append(Segment(name, sum(each), sum(o.flops * r for o, r in run), sum(o.bytes * r for o, r in run),
                            main.op_class, mem,
-                           None if launch_ns is None else summarize([(durations[o], r) for o, r in run], launch_ns),
+                           None if launch_ns is None else summarize(_kernel_runs(run, durations), launch_ns),
                            run[-1][0].name in sync_after))
         run.clear()
 

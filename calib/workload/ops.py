@@ -59,6 +59,10 @@ class Op:
     k: int = 0
     batch: int = 0
     repeat: int = 1  # kernels of this shape run back to back (a foreach op's chunks); not an OpRecord field
+    # Kernels one instance launches, timed together: the kernel model is fitted on op instances
+    # (calib.models.kernel.op_instances sums a norm backward's input- and weight-gradient kernels),
+    # so such an op is one record with its kernel count, not one record per kernel.
+    kernels: int = 1
     layout: str = ""  # a memory op's operand layout (calib.ops.kernel_layout); "" where unknown
 
     @property
@@ -118,7 +122,11 @@ MEMOP_LAYOUT: dict[str, str] = {
     "attn.recompute.mask.bool": "unrolled", "attn.recompute.mask.fill": "contiguous",
     "attn.recompute.masked_fill": "strided", "attn.recompute.to_bf#": "contiguous",
     "attn.recompute.to_fp#": "unrolled", "attn.residual": "contiguous", "attn.residual.bwd": "contiguous",
-    "attn.rope.bwd.k.accumulate": "contiguous", "attn.rope.bwd.k.add": "contiguous",
+    "attn.rope.bwd.k.accumulate": "contiguous", "attn.rope.bwd.k.rotate": "strided",
+    "attn.rope.bwd.q.rotate": "strided", "attn.rope.k.cat": "contiguous", "attn.rope.k.rotate": "strided",
+    "attn.rope.q.cat": "contiguous", "attn.rope.q.rotate": "strided", "mlp.chunk.bwd": "contiguous",
+    "moe.expert#.chunk.bwd": "contiguous", "moe.permute.cat": "contiguous", "moe.unpermute.bwd.cat": "contiguous",
+    "moe.unpermute.cat": "contiguous", "moe.unpermute.cat#": "contiguous", "attn.rope.bwd.k.add": "contiguous",
     "attn.rope.bwd.k.neg": "strided", "attn.rope.bwd.k.zero": "contiguous",
     "attn.rope.bwd.q.accumulate": "contiguous", "attn.rope.bwd.q.add": "strided", "attn.rope.bwd.q.neg": "strided",
     "attn.rope.bwd.q.zero": "contiguous", "attn.rope.k.add": "contiguous", "attn.rope.k.cos": "contiguous",
@@ -298,16 +306,15 @@ def shapes(model: ModelSpec, par: ParallelConfig) -> Shapes:
 
 
 def _norm(name: str, model: ModelSpec, sh: Shapes, backward: bool = False) -> list[Op]:
-    """A norm over the local tokens; its backward runs two kernels (input and weight gradients) and
-    adds the weight gradients into their main_grad."""
+    """A norm over the local tokens; its backward is one op of two kernels (input and weight
+    gradients) and adds the weight gradients into their main_grad."""
     aten = "aten::native_layer_norm" if model.norm == "layernorm" else "aten::_fused_rms_norm"
     n = sh.local_tokens * sh.h
     if not backward:
         return [memop(name, 2 * n * sh.e, sh.dtype, aten, 5.0 * n)]
     weights = [sh.h] * (2 if model.norm == "layernorm" else 1)
-    return [memop(f"{name}.dx", 3 * n * sh.e, sh.dtype, aten + "_backward", 5.0 * n),
-            memop(f"{name}.dw", 3 * n * sh.e, sh.dtype, aten + "_backward", 2.0 * n),
-            *main_grad_accumulation(weights, name, sh.dtype)]
+    grads = dataclasses.replace(memop(name, 3 * n * sh.e, sh.dtype, aten + "_backward", 7.0 * n), kernels=2)
+    return [grads, *main_grad_accumulation(weights, name, sh.dtype)]
 
 
 def _bias(name: str, tokens: int, width: int, sh: Shapes) -> list[Op]:
@@ -611,6 +618,20 @@ def attention_core_bwd(sh: Shapes, tag: str) -> list[Item]:
     ]
 
 
+# Roles whose layout depends on the configuration (not listed in MEMOP_LAYOUT), with the function
+# that gives it.
+LAYOUT_BY_CONFIG = frozenset({"attn.qkv.cat"})
+
+
+def qkv_cat_layout(sh: Shapes, par: ParallelConfig) -> str:
+    """The layout of the Q, K and V gradients' concatenation. With one K/V head per query head
+    (GPT-3) torch takes its generic, element-indexed copy (CatArrayBatchedCopy, ~0.9 TB/s in the H200
+    steps), except under selective recomputation, whose recomputed core attention hands back
+    gradients it copies vectorized (~4x faster), as it always does those of grouped-query attention
+    (every profiled step: benchmarks/memop_layouts.py)."""
+    return "contiguous" if sh.gqa or par.recompute == "selective" else "strided"
+
+
 def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
     T = sh.tokens
     items: list[Item] = list(_grad_in_block("attn.tp.bwd", sh))
@@ -622,7 +643,8 @@ def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Ite
     items += _gqa_expand("attn.gqa.bwd", sh, backward=True)
     if sh.rope:
         items += _rope("attn.rope.bwd", sh, backward=True)
-    items.append(memop("attn.qkv.cat", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::cat"))
+    items.append(dataclasses.replace(memop("attn.qkv.cat", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::cat"),
+                                     layout=qkv_cat_layout(sh, par)))
     items += _bias_grad("attn.qkv.bias.bwd", T, sh.qkv, sh)
     items += _linear_bwd("attn.qkv", T, sh.qkv, sh.h, sh, _grad_out_block("attn.ag.bwd", sh),
                          _regather("attn.ag.again", sh), bias=sh.bias)
