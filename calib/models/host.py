@@ -65,11 +65,14 @@ F_TOL = 0.02  # percentage points of MAPE: a cost that could gain less is not si
 DENSE = 4001  # costs at which the bound is evaluated, over [0, top]
 SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns of launch, 3 us of sync)
 # What each parallel dimension adds to the host's work per launch, as exponents of the fitted pace
-# (a dimension counts once when its degree is over 1: the code path is taken or not; the committed TP 4
-# and EP 4 runs needed about the cost per launch of the TP 2 and EP 2 ones). Measured, not fitted: measure/probes/host_phases.py timed the backward's host per launch
-# on two H200s against a data-parallel run of the same lease (docs/host.md, "Host time per phase"):
-# TP 2 1.26-1.55x, PP 2 (first stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in
-# units of TP's, rounded: 1, 1.42, 1.91.
+# (a dimension counts once when its degree is over 1: the code path is taken or not; the committed
+# TP 4 and EP 4 runs needed about the cost per launch of the TP 2 and EP 2 ones). Taken from
+# measure/probes/host_phases.py, not fitted: the backward's host per launch on two H200s against a
+# data-parallel run of the same lease, rounds 3-4 (docs/host.md, "Host time per phase"): TP 2
+# 1.26-1.55x, PP 2 (first stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in units of
+# TP's, rounded: 1, 1.42, 1.91. Rounds 6-7 counted the driver API's launches too and found smaller
+# ratios (TP 1.11x, PP 1.02x, EP 1.09-1.43x); PP's weight taken down to match fitted the measured
+# steps worse, so these stand (docs/host.md, "Code-path ratios counted in full").
 PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
 
 
