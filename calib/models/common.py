@@ -119,6 +119,34 @@ def choose_knots(x: np.ndarray, max_segments: int, min_points_per_segment: int =
     return out
 
 
+def refine_knots(x: np.ndarray, knots: Sequence[float], score: Callable[[list[float]], float], passes: int = 2,
+                 most: int = 24, min_points_per_segment: int = 3) -> list[float]:
+    """Coordinate descent on the interior knots: each in turn moves to the measured value between its
+    neighbours (at most `most` of them, evenly spread) where `score` is lowest; ends stay."""
+    xs = np.unique(np.asarray(x, dtype=float))
+    kn = [float(k) for k in knots]
+    best = score(kn)
+    for _ in range(passes):
+        moved = False
+        for i in range(1, len(kn) - 1):
+            # Each segment keeps `min_points_per_segment` measured values (its ends included).
+            between = xs[(xs > kn[i - 1] + 1e-6) & (xs < kn[i + 1] - 1e-6)]
+            lo_n = np.searchsorted(xs, kn[i - 1] - 1e-6)
+            hi_n = np.searchsorted(xs, kn[i + 1] + 1e-6)
+            rank = np.searchsorted(xs, between)
+            inside = between[(rank - lo_n + 1 >= min_points_per_segment) & (hi_n - rank >= min_points_per_segment)]
+            if inside.size > most:
+                inside = inside[np.unique(np.linspace(0, inside.size - 1, most).round().astype(int))]
+            for c in inside:
+                trial = kn[:i] + [float(c)] + kn[i + 1:]
+                s = score(trial)
+                if s < best - 1e-12:
+                    best, kn, moved = s, trial, True
+        if not moved:
+            break
+    return kn
+
+
 def ridge_fit(a: np.ndarray, y: np.ndarray, alpha: float = 1e-3, weights: np.ndarray | None = None) -> np.ndarray:
     """Least squares with a small ridge on all but the intercept column (stable with few points)."""
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
