@@ -139,7 +139,7 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
             # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
             # that floor apart from the profiled steps' (back-to-back kernels).
             bench = b.manifest.kind == "kernels"
-            df = df if bench else reduction_shapes(split_k_reductions(df), b)
+            df = df if bench else embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
             frames.append((df if bench else shared_pieces(df)).assign(
                 bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench)))
             used.append(b)
@@ -188,6 +188,24 @@ def reduction_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
         found = {shape for op in known.get(name, ()) if (shape := op.rows_of(b)) is not None}
         if len(found) == 1:
             m[idx.to_numpy()], k[idx.to_numpy()] = next(iter(found))
+    return kernels.assign(m=m, k=k)
+
+
+def embedding_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
+    """A profiled kernel table with the embedding backward's shape filled in from the bundle's
+    configuration: m the indices it sums (a micro-batch's tokens), k the features of each (the hidden
+    size), which its time follows (calib.models.kernel); the converter records only its bytes."""
+    spec = bundle.manifest.spec
+    if spec is None or kernels.empty or not {"aten_op", "m", "k"} <= set(kernels.columns):
+        return kernels
+    m, k = (pd.to_numeric(kernels[c], errors="coerce").to_numpy(float, copy=True) for c in ("m", "k"))
+    rows = (kernels["aten_op"].astype(str).to_numpy() == "aten::embedding_dense_backward") & ~np.isfinite(m)
+    if not rows.any():
+        return kernels
+    from calib.validation.engine import model_of
+
+    model = model_of(spec)
+    m[rows], k[rows] = spec.micro_batch * model.seq_length, model.hidden
     return kernels.assign(m=m, k=k)
 
 

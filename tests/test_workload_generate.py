@@ -406,7 +406,7 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
     calib.ops.kernel_layout names, and the op records the kernel model gets carry it."""
     import re
 
-    from calib.ops import LAYOUTS
+    from calib.ops import CALL_LAYOUTS, LAYOUTS
     from calib.workload.ops import LAYOUT_BY_CONFIG, MEMOP_LAYOUT, role_of
 
     roles: set[str] = set()
@@ -422,12 +422,12 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
                     role = role_of(op.name)
                     roles.add(role)
                     if role in LAYOUT_BY_CONFIG:
-                        assert op.layout in LAYOUTS and role not in MEMOP_LAYOUT, op
+                        assert op.layout in LAYOUTS + CALL_LAYOUTS and role not in MEMOP_LAYOUT, op
                     else:
                         assert op.layout == MEMOP_LAYOUT.get(role, ""), op
                     assert op.record()["layout"] == op.layout
     assert set(MEMOP_LAYOUT) <= roles, sorted(set(MEMOP_LAYOUT) - roles)
-    assert all(v in LAYOUTS or re.fullmatch(r"reduce\d+x\d+", v) for v in MEMOP_LAYOUT.values())
+    assert all(v in LAYOUTS + CALL_LAYOUTS or re.fullmatch(r"reduce\d+x\d+", v) for v in MEMOP_LAYOUT.values())
 
 
 def test_memop_layouts_agree_with_profiled_steps() -> None:

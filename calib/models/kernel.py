@@ -39,8 +39,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from calib.errors import CalibError
 from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis, kfold_indices, refine_knots
 from calib.models.peaks import GpuPeaks, normalize_dtype
-from calib.models.residual import checked_residual, fit_residual, predict_residual
-from calib.ops import FLOP_CLASSES
+from calib.models.residual import ELEMENT_BYTES, checked_residual, fit_residual, predict_residual
+from calib.ops import CALL_OPS, FLOP_CLASSES, call_layout
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
 # A class with no measured kernels of its own is predicted with the model of a related class.
@@ -166,6 +166,15 @@ class KernelModel(BaseEstimator, RegressorMixin):
         # measured median (as ops without work are).
         multi = np.array([a.startswith("foreach_") or a in BYTES_NOT_TRAFFIC for a in base], dtype=bool)
         xb = np.where(nbytes > 0, np.log10(np.maximum(nbytes, 1.0)), np.nan)
+        # The embedding backward's time follows its token gradients (m indices of k features), not its
+        # record's bytes, which the table dominates (2,048 x 4,096 tokens: ~112 us for tables of 0.5 and
+        # 1.1 GB; 256 tokens: 16 us for 0.5 GB).
+        # Files fitted before (no `embedding_tokens`) keep their curve over the record's bytes.
+        mk = _col(X, "m") * _col(X, "k")
+        tokens = (base == "embedding_dense_backward") & np.isfinite(mk) & (mk > 0)
+        if tokens.any() and getattr(self, "embedding_tokens_", True):
+            es = np.array([ELEMENT_BYTES.get(str(d), 2) for d in dtypes[tokens]], dtype=float)
+            xb[tokens] = np.log10(mk[tokens] * es)
         x = np.where(multi, np.nan, x)
         bench = _str_col(X, "source") == "bench"
         return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "base": base,
@@ -404,6 +413,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
             "classes": self.groups_,
             "constants_s": self.constants_,
             "saturating": self.saturating_,
+            "embedding_tokens": True,
             **({"residual": self.residual_} if getattr(self, "residual_", None) else {}),
         }
 
@@ -414,6 +424,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         model.groups_ = {str(k): _checked_group(str(k), dict(v)) for k, v in (data.get("classes") or {}).items()}
         model.constants_ = {str(k): float(v) for k, v in (data.get("constants_s") or {}).items()}
         model.saturating_ = {str(k): ClampedPiecewise.from_dict(v).to_dict() for k, v in (data.get("saturating") or {}).items()}
+        model.embedding_tokens_ = bool(data.get("embedding_tokens", False))
         # Files written before the residual existed (calibration schema 1 without `kernel.residual`)
         # predict with the curves alone.
         model.residual_ = checked_residual(dict(data["residual"])) if data.get("residual") else None
@@ -466,6 +477,8 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
     shape columns. The workload generator emits one kernel per op, so the model is fitted on the
     op's total time, not on the median of unlike kernels. Kernels of one op are consecutive on their
     stream with the same shape; a repeat of the op's first kernel name starts the next instance.
+    A CALL_OPS op (the embedding backward) is every run of its consecutive kernels instead, whatever
+    their names and records, with its largest kernel's record and its path's layout (calib.ops.call_layout).
     Rows without `start_s`/`name` (or microbenchmark rows, timed per op already) pass unchanged.
     """
     if kernels.empty or not {"start_s", "name"} <= set(kernels.columns):
@@ -484,9 +497,16 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
     ctx_code, key_code, start = ctx_code[order], key_code[order], start[order]
     # Kernels on one stream run one after the other: rows without distinct start times (tables
     # not from a profiler) are never merged.
-    same = np.zeros(len(tr), dtype=bool)
-    same[1:] = (ctx_code[1:] == ctx_code[:-1]) & (key_code[1:] == key_code[:-1]) & (start[1:] > start[:-1])
-    if not same.any():
+    after = np.zeros(len(tr), dtype=bool)
+    after[1:] = (ctx_code[1:] == ctx_code[:-1]) & (start[1:] > start[:-1])
+    same = after.copy()
+    same[1:] &= key_code[1:] == key_code[:-1]
+    # A CALL_OPS op's run of kernels is one instance whatever their names and records.
+    aten = tr["aten_op"].astype(str).to_numpy()
+    call = np.isin(aten, list(CALL_OPS))
+    joined = np.zeros(len(tr), dtype=bool)
+    joined[1:] = after[1:] & call[1:] & (aten[1:] == aten[:-1])
+    if not (same.any() or joined.any()):
         return df
     names = pd.factorize(tr["name"].astype(str))[0]
     new_op = ~same
@@ -496,10 +516,25 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
             first = names[i]
         elif names[i] == first:
             new_op[i] = True
+    new_op[call] = ~joined[call]
     op = np.cumsum(new_op) - 1
     tr["_op"] = op
     agg = tr.groupby("_op", sort=True)["time_s"].sum().to_numpy()
     ops = tr.drop_duplicates("_op").drop(columns=["_op"]).assign(time_s=agg)
+    if call.any():
+        # A call's instance has the record of its largest kernel (the op's own bytes: its memsets
+        # record a few bytes of scratch) and the layout of its path.
+        calls = tr[call]
+        rep = calls.assign(_b=pd.to_numeric(calls["bytes"], errors="coerce").fillna(-1.0)).sort_values(
+            ["_op", "_b"], ascending=[True, False], kind="stable").drop_duplicates("_op")
+        path = calls.groupby("_op", sort=True).apply(
+            lambda g: call_layout(str(g["aten_op"].iloc[0]), g["name"].astype(str).tolist()), include_groups=False)
+        pos = np.searchsorted(np.unique(op), rep["_op"].to_numpy())
+        cols = [c for c in SHAPE_COLUMNS if c in ops.columns and c != "layout"]
+        ops = ops.reset_index(drop=True)
+        for c in cols:
+            ops.loc[pos, c] = rep[c].to_numpy()
+        ops.loc[pos, "layout"] = path.loc[rep["_op"].to_numpy()].to_numpy()
     return pd.concat([df[bench], ops], ignore_index=True)
 
 

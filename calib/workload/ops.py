@@ -67,7 +67,8 @@ class Op:
 
     @property
     def reduced(self) -> bool:
-        """A memory-bound reduction whose shape is known (`reduction`: m outputs, k reduced into each)."""
+        """A memory-bound op whose shape is known: a reduction (`reduction`: m outputs, k reduced into
+        each) or the embedding backward (m indices of k features, `_embedding_grad`)."""
         return self.op_class == "memory" and self.k > 0
 
     def record(self) -> dict:
@@ -136,7 +137,7 @@ MEMOP_LAYOUT: dict[str, str] = {
     "attn.rope.q.sin.cast": "contiguous", "attn.rope.q.sin.scale": "contiguous",
     "attn.softmax.bwd.mul": "contiguous", "attn.to_bf#": "contiguous", "attn.to_bf#.bwd": "contiguous",
     "attn.to_fp#": "unrolled", "attn.to_fp#.bwd": "unrolled", "dp.grad_scale.stage#": "contiguous",
-    "embedding.add": "contiguous", "embedding.grad#.position_ids": "strided",
+    "embedding.add": "contiguous", "embedding.grad#.position_ids": "strided", "embedding.grad#.sort": "sort",
     "embedding.grad#.transpose": "strided", "embedding.grad#.zero": "contiguous", "embedding.grad.copy": "memcpy",
     "embedding.grad.mask": "strided", "embedding.ids.copy": "memcpy", "embedding.ids.ge": "contiguous",
     "embedding.ids.lt": "contiguous", "embedding.ids.masked_fill": "contiguous", "embedding.ids.or": "contiguous",
@@ -209,7 +210,7 @@ class KnownReduction:
 
     @classmethod
     def of(cls, item: object) -> KnownReduction | None:
-        if not isinstance(item, Op) or not item.reduced:
+        if not isinstance(item, Op) or not item.reduced or item.aten_op == "aten::embedding_dense_backward":
             return None
         return cls(f"{item.aten_op}|{RECORD_DTYPE[item.dtype]}", item.m, item.k, DTYPE_BYTES[item.dtype],
                    role_of(item.name).startswith(ROUTED))
@@ -621,8 +622,8 @@ def attention_core_bwd(sh: Shapes, tag: str) -> list[Item]:
 
 
 # Roles whose layout depends on the configuration, not listed in MEMOP_LAYOUT: attn.qkv.cat
-# (qkv_cat_layout).
-LAYOUT_BY_CONFIG = frozenset({"attn.qkv.cat"})
+# (qkv_cat_layout), embedding.grad# (its path by the number of indices, _embedding_grad).
+LAYOUT_BY_CONFIG = frozenset({"attn.qkv.cat", "embedding.grad#"})
 
 
 def qkv_cat_layout(sh: Shapes, par: ParallelConfig) -> str:
@@ -781,24 +782,31 @@ def embedding_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
 
 
 # torch's embedding_dense_backward (aten/src/ATen/native/cuda/Embedding.cu) takes a one-kernel path
-# for at most 3,072 indices and otherwise sorts the indices: 29 kernels (radix-sort passes with their
-# memsets, unique-by-key, scans, compute_grad_weight, sum_and_scatter) in traces/h200/gpt1.3b-dp2-mbs4,
-# for the 2,048-row position table as for the 50,304-row word table.
+# for at most 3,072 indices and otherwise sorts the indices: 29 kernels in traces/h200 (llama8b-1gpu-mbs2,
+# gpt1.3b-dp2-mbs4), for the 2,048-row position table as for the word table: 20 (radix-sort passes with
+# their memsets) before the table's gradient is zeroed, 9 (unique-by-key, scans, compute_grad_weight,
+# sum_and_scatter) after. The fit takes each of the three as one op instance labelled by its path
+# (calib.ops.call_layout), timed by its token gradients (m indices of k features).
 EMBEDDING_BWD_FEATURE_MAX_INDICES = 3072
-EMBEDDING_BWD_SORT_KERNELS = 29
+EMBEDDING_BWD_SORT_KERNELS = 20
+EMBEDDING_BWD_SEGMENT_KERNELS = 9
 
 
 def _embedding_grad(tag: str, rows: int, sh: Shapes) -> list[Op]:
     """The gradient of one embedding table of `rows` rows: zeroed, then the token gradients summed
-    into it (record bytes: table, token gradients and int64 indices, as calib.ops records them)."""
+    into it (record bytes: table, token gradients and int64 indices, as calib.ops records them; m the
+    indices, k the features of each)."""
     table = rows * sh.h * sh.e
     T = sh.tokens
     zero = memop(f"{tag}.zero", 2 * table, sh.dtype, "aten::fill_")
-    grad = memop(f"{tag}", table + sh.act_bytes + 8 * T, sh.dtype, "aten::embedding_dense_backward")
+    grad = dataclasses.replace(memop(f"{tag}", table + sh.act_bytes + 8 * T, sh.dtype,
+                                     "aten::embedding_dense_backward"), m=T, k=sh.h)
     if T <= EMBEDDING_BWD_FEATURE_MAX_INDICES:
-        return [zero, grad]
-    return [memop(f"{tag}.arange", 8 * T, "int64", "aten::arange"), zero,
-            dataclasses.replace(grad, repeat=EMBEDDING_BWD_SORT_KERNELS)]
+        return [zero, dataclasses.replace(grad, layout="feature")]
+    return [memop(f"{tag}.arange", 8 * T, "int64", "aten::arange"),
+            dataclasses.replace(grad, name=f"{tag}.sort", layout=memop_layout(f"{tag}.sort"),
+                                kernels=EMBEDDING_BWD_SORT_KERNELS), zero,
+            dataclasses.replace(grad, layout="segments", kernels=EMBEDDING_BWD_SEGMENT_KERNELS)]
 
 
 def embedding_bwd(model: ModelSpec, sh: Shapes) -> list[Item]:
