@@ -167,8 +167,8 @@ class KernelModel(BaseEstimator, RegressorMixin):
         multi = np.array([a.startswith("foreach_") or a in BYTES_NOT_TRAFFIC for a in base], dtype=bool)
         xb = np.where(nbytes > 0, np.log10(np.maximum(nbytes, 1.0)), np.nan)
         # The embedding backward's time follows its token gradients (m indices of k features), not its
-        # record's bytes, which the table dominates (2,048 x 4,096 tokens: ~112 us for tables of 0.5 and
-        # 1.1 GB; 256 tokens: 16 us for 0.5 GB).
+        # record's bytes, which the table dominates (2,048 indices of 4,096 features: ~112 us with tables
+        # of 0.5 and 1.1 GB; 256 indices: 16 us with 0.5 GB).
         # Files fitted before (no `embedding_tokens`) keep their curve over the record's bytes.
         mk = _col(X, "m") * _col(X, "k")
         tokens = (base == "embedding_dense_backward") & np.isfinite(mk) & (mk > 0)
@@ -474,8 +474,8 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
 
     One aten op may launch several kernels (a split-K GEMM and its `splitKreduce`, a norm backward's
     input- and weight-gradient kernels, a two-pass reduction); every one of them carries the op's
-    shape columns. The workload generator emits one kernel per op, so the model is fitted on the
-    op's total time, not on the median of unlike kernels. Kernels of one op are consecutive on their
+    shape columns. The workload generator times an op once (its `kernels` launched back to back), so
+    the model is fitted on the op's total time, not on the median of unlike kernels. Kernels of one op are consecutive on their
     stream with the same shape; a repeat of the op's first kernel name starts the next instance.
     A CALL_OPS op (the embedding backward) is every run of its consecutive kernels instead, whatever
     their names and records, with its largest kernel's record and its path's layout (calib.ops.call_layout).
@@ -529,7 +529,7 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
             ["_op", "_b"], ascending=[True, False], kind="stable").drop_duplicates("_op")
         path = calls.groupby("_op", sort=True).apply(
             lambda g: call_layout(str(g["aten_op"].iloc[0]), g["name"].astype(str).tolist()), include_groups=False)
-        pos = np.searchsorted(np.unique(op), rep["_op"].to_numpy())
+        pos = rep["_op"].to_numpy()  # ops has one row per instance, in instance order
         cols = [c for c in SHAPE_COLUMNS if c in ops.columns and c != "layout"]
         ops = ops.reset_index(drop=True)
         for c in cols:
