@@ -46,6 +46,7 @@ from calib.models.network_points import INSTANCE_KEY, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
 from calib.ops import (
+    EMBEDDING_BWD,
     FLOP_CLASSES,
     INT32_SPAN_BYTES,
     in_place_pieces,
@@ -199,7 +200,7 @@ def embedding_shapes(kernels: pd.DataFrame, bundle: Bundle) -> pd.DataFrame:
     if spec is None or kernels.empty or not {"aten_op", "m", "k"} <= set(kernels.columns):
         return kernels
     m, k = (pd.to_numeric(kernels[c], errors="coerce").to_numpy(float, copy=True) for c in ("m", "k"))
-    rows = (kernels["aten_op"].astype(str).to_numpy() == "aten::embedding_dense_backward") & ~np.isfinite(m)
+    rows = (kernels["aten_op"].astype(str).to_numpy() == EMBEDDING_BWD) & ~np.isfinite(m)
     if not rows.any():
         return kernels
     from calib.validation.engine import model_of

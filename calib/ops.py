@@ -332,14 +332,15 @@ def split_k_reduce_record(gemm: OpRecord) -> OpRecord:
 # above 3,072 indices sorts them (radix-sort passes, each after a memset), zeroes the table's gradient,
 # then reduces the sorted segments (unique, scans, compute_grad_weight, sum_and_scatter). The fit takes
 # each run of their kernels as one op instance (calib.models.kernel.op_instances), labelled by its path.
-CALL_OPS = frozenset({"aten::embedding_dense_backward"})
+EMBEDDING_BWD = "aten::embedding_dense_backward"
+CALL_OPS = frozenset({EMBEDDING_BWD})
 CALL_LAYOUTS = ("feature", "sort", "segments")
 
 
 def call_layout(aten_op: str, kernel_names: list[str]) -> str:
     """The path one run of a CALL_OPS op's kernels took: "feature" (the embedding backward's one-kernel
     path, at most 3,072 indices), "sort" (its radix sort) or "segments" (its segment reduction)."""
-    if aten_op != "aten::embedding_dense_backward":
+    if aten_op != EMBEDDING_BWD:
         return ""
     names = " ".join(kernel_names)
     if "embedding_backward_feature_kernel" in names:

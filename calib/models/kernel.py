@@ -40,7 +40,7 @@ from calib.errors import CalibError
 from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis, kfold_indices, refine_knots
 from calib.models.peaks import GpuPeaks, normalize_dtype
 from calib.models.residual import ELEMENT_BYTES, checked_residual, fit_residual, predict_residual
-from calib.ops import CALL_OPS, FLOP_CLASSES, call_layout
+from calib.ops import CALL_OPS, EMBEDDING_BWD, FLOP_CLASSES, call_layout
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
 # A class with no measured kernels of its own is predicted with the model of a related class.
@@ -171,7 +171,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         # of 0.5 and 1.1 GB; 256 indices: 16 us with 0.5 GB).
         # Files fitted before (no `embedding_tokens`) keep their curve over the record's bytes.
         mk = _col(X, "m") * _col(X, "k")
-        tokens = (base == "embedding_dense_backward") & np.isfinite(mk) & (mk > 0)
+        tokens = (base == op_family(EMBEDDING_BWD)) & np.isfinite(mk) & (mk > 0)
         if tokens.any() and getattr(self, "embedding_tokens_", True):
             es = np.array([ELEMENT_BYTES.get(str(d), 2) for d in dtypes[tokens]], dtype=float)
             xb[tokens] = np.log10(mk[tokens] * es)
@@ -534,7 +534,7 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
         ops = ops.reset_index(drop=True)
         for c in cols:
             ops.loc[pos, c] = rep[c].to_numpy()
-        ops.loc[pos, "layout"] = path.loc[rep["_op"].to_numpy()].to_numpy()
+        ops.loc[pos, "layout"] = path.to_numpy()  # both in instance order
     return pd.concat([df[bench], ops], ignore_index=True)
 
 

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
-from calib.ops import FLOP_CLASSES, in_place_pieces
+from calib.ops import EMBEDDING_BWD, FLOP_CLASSES, in_place_pieces
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
@@ -210,7 +210,7 @@ class KnownReduction:
 
     @classmethod
     def of(cls, item: object) -> KnownReduction | None:
-        if not isinstance(item, Op) or not item.reduced or item.aten_op == "aten::embedding_dense_backward":
+        if not isinstance(item, Op) or not item.reduced or item.aten_op == EMBEDDING_BWD:
             return None
         return cls(f"{item.aten_op}|{RECORD_DTYPE[item.dtype]}", item.m, item.k, DTYPE_BYTES[item.dtype],
                    role_of(item.name).startswith(ROUTED))
@@ -799,8 +799,7 @@ def _embedding_grad(tag: str, rows: int, sh: Shapes) -> list[Op]:
     table = rows * sh.h * sh.e
     T = sh.tokens
     zero = memop(f"{tag}.zero", 2 * table, sh.dtype, "aten::fill_")
-    grad = dataclasses.replace(memop(f"{tag}", table + sh.act_bytes + 8 * T, sh.dtype,
-                                     "aten::embedding_dense_backward"), m=T, k=sh.h)
+    grad = dataclasses.replace(memop(f"{tag}", table + sh.act_bytes + 8 * T, sh.dtype, EMBEDDING_BWD), m=T, k=sh.h)
     if T <= EMBEDDING_BWD_FEATURE_MAX_INDICES:
         return [zero, dataclasses.replace(grad, layout="feature")]
     return [memop(f"{tag}.arange", 8 * T, "int64", "aten::arange"),
