@@ -7,7 +7,9 @@ Prepares every real training bundle's generated step once (calib.models.host.pre
 calibration in calib/data as the kernel and network models) and fits the host model (`fit_runs`, with
 its leave-one-configuration-out error) with each run's code path taken differently: by the GPUs on its
 host (log2 of the count, the pace per doubling of the eleventh to fifteenth sessions) or by weights for
-TP, PP and EP (`PATH_WEIGHTS` is the one calib uses). Prints the fitted costs, pace and error per
+TP, PP and EP (`PATH_WEIGHTS` is the one calib uses), optionally with more terms not in calib's
+path: `sp` (sequence parallelism with TP), `dp` (data parallelism) and `gpus` (per doubling of the GPUs
+on the host, on top of the path). Prints the fitted costs, pace and error per
 variant, and each variant's largest held-out errors. About a minute per variant on 2 cores.
 """
 
@@ -27,7 +29,17 @@ VARIANTS: dict[str, dict[str, float] | None] = {
     "tp1-pp1.5-ep2": {"tp": 1, "pp": 1.5, "ep": 2},  # PATH_WEIGHTS
     "tp1-pp1-ep3": {"tp": 1, "pp": 1, "ep": 3},
     "tp1-pp1-ep1.5": {"tp": 1, "pp": 1, "ep": 1.5},
+    # Nineteenth session (docs/host.md, "Terms tried beside the code path"): PATH_WEIGHTS plus one term.
+    "sp0.5": {"tp": 1, "pp": 1.5, "ep": 2, "sp": 0.5},
+    "sp1": {"tp": 1, "pp": 1.5, "ep": 2, "sp": 1.0},
+    "sp2": {"tp": 1, "pp": 1.5, "ep": 2, "sp": 2.0},
+    "dp0.5": {"tp": 1, "pp": 1.5, "ep": 2, "dp": 0.5},
+    "dp1": {"tp": 1, "pp": 1.5, "ep": 2, "dp": 1.0},
+    "gpus0.25": {"tp": 1, "pp": 1.5, "ep": 2, "gpus": 0.25},
+    "gpus0.5": {"tp": 1, "pp": 1.5, "ep": 2, "gpus": 0.5},
+    "gpus1": {"tp": 1, "pp": 1.5, "ep": 2, "gpus": 1.0},
 }
+PATH_DIMS = ("tp", "pp", "ep")
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +63,9 @@ def main(argv: list[str]) -> int:
             m = by_id[bid].manifest
             if w is None:
                 return math.log2(max(int(m.gpu.count), 1))
-            return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, w)
+            extra = (w.get("sp", 0.0) * (m.spec.sequence_parallel and m.spec.tp > 1)
+                     + w.get("dp", 0.0) * (m.spec.dp > 1) + w.get("gpus", 0.0) * math.log2(max(int(m.gpu.count), 1)))
+            return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, {k: v for k, v in w.items() if k in PATH_DIMS}) + extra
 
         t = time.perf_counter()
         model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
