@@ -131,9 +131,10 @@ TRAININGS += [
     ("llama8b-1gpu-s256", L8B_S256, 1, 1, 1, 1, 2, 8, "none", []),
 ]
 
-# Round 10 (nineteenth session, one H100, nvidia-h100-x1): host-bound one-GPU runs at sequence 256 for
-# the H100, whose six round-4 runs are all GPU-bound (its host launch cost rested on mixtral-1gpu alone),
-# predicted before they were measured (traces/README.md, round 10).
+# Round 10 (nineteenth session): host-bound one-GPU runs at sequence 256, all three on one H100
+# (nvidia-h100-x1), whose six round-4 runs are all GPU-bound (its launch cost rested on mixtral-1gpu
+# alone), and the two new ones on one H200 (nvidia-h200); predicted before they were measured
+# (traces/README.md, round 10).
 G13_S256 = "gpt3-1.3b@L8,S256"
 ROUND10 = ["llama8b-1gpu-s256", "mixtral-1gpu-s256", "gpt1.3b-1gpu-s256"]
 TRAININGS += [
