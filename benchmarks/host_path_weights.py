@@ -39,13 +39,12 @@ VARIANTS: dict[str, dict[str, float] | None] = {
     "gpus0.5": {"tp": 1, "pp": 1.5, "ep": 2, "gpus": 0.5},
     "gpus1": {"tp": 1, "pp": 1.5, "ep": 2, "gpus": 1.0},
 }
-PATH_DIMS = ("tp", "pp", "ep")
 
 
 def main(argv: list[str]) -> int:
     from calib.bundle.io import load_bundles
     from calib.calibration import Calibration
-    from calib.models.host import fit_runs, path_exponent, prepare_run
+    from calib.models.host import PATH_WEIGHTS, fit_runs, path_exponent, prepare_run
     from calib.project import default_calibration_path
     from calib.validation.measured import is_real_gpu
 
@@ -61,11 +60,12 @@ def main(argv: list[str]) -> int:
 
         def path(bid: str, w: dict[str, float] | None = w) -> float:
             m = by_id[bid].manifest
+            doublings = math.log2(max(int(m.gpu.count), 1))
             if w is None:
-                return math.log2(max(int(m.gpu.count), 1))
+                return doublings
             extra = (w.get("sp", 0.0) * (m.spec.sequence_parallel and m.spec.tp > 1)
-                     + w.get("dp", 0.0) * (m.spec.dp > 1) + w.get("gpus", 0.0) * math.log2(max(int(m.gpu.count), 1)))
-            return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, {k: v for k, v in w.items() if k in PATH_DIMS}) + extra
+                     + w.get("dp", 0.0) * (m.spec.dp > 1) + w.get("gpus", 0.0) * doublings)
+            return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, {k: v for k, v in w.items() if k in PATH_WEIGHTS}) + extra
 
         t = time.perf_counter()
         model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
