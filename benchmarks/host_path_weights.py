@@ -41,19 +41,33 @@ VARIANTS: dict[str, dict[str, float] | None] = {
 }
 
 
-def main(argv: list[str]) -> int:
+def training_bundles(dirs: list[str]) -> tuple[list, object]:
+    """The real GPU training bundles under `dirs` and the bundled calibration of their GPU."""
     from calib.bundle.io import load_bundles
     from calib.calibration import Calibration
-    from calib.models.host import PATH_WEIGHTS, fit_runs, path_exponent, prepare_run
     from calib.project import default_calibration_path
     from calib.validation.measured import is_real_gpu
 
-    dirs = [a for a in argv if a not in VARIANTS] or [str(ROOT / "traces" / "h200")]
-    names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
-    bundles = load_bundles(dirs)
+    bundles = load_bundles(dirs or [str(ROOT / "traces" / "h200")])
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
-    cal = Calibration.load(str(default_calibration_path(chosen[0].manifest.gpu.name)))
-    runs = [prepare_run(b, cal.kernel_model(), cal) for b in chosen]
+    return chosen, Calibration.load(str(default_calibration_path(chosen[0].manifest.gpu.name)))
+
+
+def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
+    """One variant's fitted host costs, its leave-one-configuration-out error and its worst held-out runs."""
+    print(f"{name:14s} launch {model.launch_s * 1e6:5.1f} us  sync {model.sync_s * 1e6:5.1f} us  "  # type: ignore[attr-defined]
+          f"p2p {(model.p2p_sync_s or 0) * 1e6:6.1f} us  pace {model.pace_per_path or 1:.3f}  "  # type: ignore[attr-defined]
+          f"LOCO {err['mape']:.2f} / {err['max']:.2f} %  ({seconds:.0f} s)")
+    worst = sorted(model.runs, key=lambda r: -abs(r["heldout_step_s"] / r["measured_s"] - 1))[:5]  # type: ignore[attr-defined]
+    print("    " + ", ".join(f"{r['id']} {100 * (r['heldout_step_s'] / r['measured_s'] - 1):+.1f}" for r in worst))
+
+
+def main(argv: list[str]) -> int:
+    from calib.models.host import PATH_WEIGHTS, fit_runs, path_exponent, prepare_run
+
+    names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
+    chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
+    runs = [prepare_run(b, cal.kernel_model(), cal) for b in chosen]  # type: ignore[attr-defined]
     by_id = {b.id: b for b in chosen}
     for name in names:
         w = VARIANTS[name]
@@ -69,11 +83,7 @@ def main(argv: list[str]) -> int:
 
         t = time.perf_counter()
         model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
-        print(f"{name:14s} launch {model.launch_s * 1e6:5.1f} us  sync {model.sync_s * 1e6:5.1f} us  "
-              f"p2p {(model.p2p_sync_s or 0) * 1e6:6.1f} us  pace {model.pace_per_path or 1:.3f}  "
-              f"LOCO {err['mape']:.2f} / {err['max']:.2f} %  ({time.perf_counter() - t:.0f} s)")
-        worst = sorted(model.runs, key=lambda r: -abs(r["heldout_step_s"] / r["measured_s"] - 1))[:5]
-        print("    " + ", ".join(f"{r['id']} {100 * (r['heldout_step_s'] / r['measured_s'] - 1):+.1f}" for r in worst))
+        print_fit(name, model, err, time.perf_counter() - t)
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from calib.errors import CalibError
+from calib.models.clock import ClockModel
 from calib.models.common import ErrorStat
 from calib.models.host import HostModel
 from calib.models.kernel import KernelModel
@@ -77,6 +78,11 @@ class Calibration:
         if not self.power:
             raise CalibError(f"calibration {self.source or self.gpu}: has no power model ({self._why('power')})")
         return PowerModel.from_dict(self.power)
+
+    def clock_model(self) -> ClockModel | None:
+        """The SM clock's slowdown under the power cap (power.clock), None where it was not fitted."""
+        clock = (self.power or {}).get("clock")
+        return None if not clock else ClockModel.from_dict(clock)
 
     def host_model(self) -> HostModel:
         if not self.host:

@@ -23,6 +23,7 @@ import pandas as pd
 from calib.bundle.io import Bundle, check_bundle
 from calib.calibration import Calibration
 from calib.errors import CalibError
+from calib.models.clock import ClockModel, clock_points
 from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
 from calib.models.kernel import (
     BYTES_NOT_TRAFFIC,
@@ -704,6 +705,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         prov["power.throttle_factor"] = f"calibrated: {ids}"
         pk = peaks or _maybe_peaks(gpu_name)
         prov["power.max_sm_clock_hz"] = f"configured: {pk.source}" if pk else f"calibrated: {ids} (largest clock seen)"
+        _fit_clock_section(cal, chosen)
     else:
         prov["power"] = "not calibrated: no training bundle with telemetry and profiled kernels"
 
@@ -712,6 +714,21 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     if not (cal.kernel or cal.network or cal.power):
         raise CalibError(f"nothing to fit in {_ids(chosen)}: no kernels, collectives or telemetry")
     return cal
+
+
+def _fit_clock_section(cal: Calibration, chosen: list[Bundle]) -> None:
+    """The SM clock's slowdown under the power cap (calib.models.clock), kept in the power section;
+    fitted before the host model, which it moves (the host fit times each run at its own clock)."""
+    points = clock_points(chosen)
+    try:
+        clock, err = ClockModel.fit(points)
+    except CalibError as exc:
+        cal.provenance["power.clock"] = f"not calibrated: {exc}"
+        return
+    cal.power["clock"] = clock.to_dict()
+    cal.errors["power.clock_slowdown"] = err
+    what = "calibrated" if clock.slope > 0 else "calibrated flat (no slowdown: the hinge did no better held out)"
+    cal.provenance["power.clock"] = f"{what}: {_short([p.bundle for p in points])}"
 
 
 def _fit_host_section(cal: Calibration, chosen: list[Bundle], opts: FitOptions) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
+from calib.models.clock import ClockModel, throttled
 from calib.sim import BACKENDS, simulate
 from calib.sim.config import NetworkConfig, SystemConfig
 from calib.sim.types import SimResult
@@ -203,10 +205,31 @@ def project(
         if key.startswith(("processor.", "memory.")):
             configured.append(f"{key}: {v.source}")
 
+    # The power cap's clock (calib.models.clock) is settled on the embedded simulator, so that the
+    # emitted ASTRA-sim inputs and an ASTRA-sim run are those of the final step.
+    settled = None
+    clock = calibration.clock_model() if calibration is not None and hasattr(calibration, "clock_model") else None
+    if clock is not None and clock.slope > 0:
+        def embedded(g: GeneratedStep) -> SimResult:
+            return simulate(g.workload, network, system)
+
+        gen, settled, slowdown, share = _at_power_cap_clock(gen, embedded(gen), clock, model, par, kernel_time, host,
+                                                            embedded)
+        calibrated.append(f"SM clock under the power cap: GEMM and attention kernels x{slowdown:.3f} at a GEMM/"
+                          f"attention share of {share:.3f} of the step (clock model)")
+        if clock.beyond_measured(share):
+            notes.append(f"GEMM/attention share {share:.2f} is above the largest measured ({clock.top:.2f}): the "
+                         "power cap's clock slowdown is held at that share's")
+        if mismatch:
+            transferred.append(f"clock model (fitted on {calibration.gpu})")  # type: ignore[union-attr]
+
     if emit_astra_sim is not None:
         write_astra_sim(gen, network, system, emit_astra_sim)
 
-    result = simulate(gen.workload, network, system, backend=backend, astra_sim_bin=astra_sim_bin)
+    if settled is not None and backend == "analytical":
+        result = settled
+    else:
+        result = simulate(gen.workload, network, system, backend=backend, astra_sim_bin=astra_sim_bin)
     t_sim = time.perf_counter()
     step = result.step_time_s
     if not step > 0:
@@ -266,6 +289,38 @@ def project(
             "model_flops_per_step": gen.model_flops, "hardware_flops_per_step": gen.hardware_flops,
         },
     )
+
+
+CLOCK_ROUNDS = 4  # simulations at most to settle the clock; each moves the slowdown by under a tenth of the last
+CLOCK_TOL = 1e-3  # slowdowns closer than this are one
+
+
+def _flop_share(gen: GeneratedStep, result: SimResult, slowdown: float) -> float:
+    """GEMM and attention time at the unthrottled clock over the step, the mean over ranks (as
+    calib.models.clock's measured shares are)."""
+    step = result.step_time_s
+    members = [len(c.members) for c in gen.workload.classes]
+    flop = [(c - m) / slowdown for c, m in zip(gen.stage_compute_s, gen.stage_memory_s, strict=True)]
+    return float(np.average(flop, weights=members) / step) if step > 0 else 0.0
+
+
+def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel, model: ModelSpec,
+                        par: ParallelConfig, kernel_time: KernelTime, host: object,
+                        run: Callable[[GeneratedStep], SimResult]) -> tuple[GeneratedStep, SimResult, float, float]:
+    """The step with GEMM and attention kernels at the clock the power cap leaves them (calib.models.clock):
+    the slowdown follows the step's GEMM/attention share, which the slowdown lengthens, so the two are
+    iterated to agreement. Returns the generated step, its result, the slowdown and the share."""
+    slowdown = 1.0
+    share = _flop_share(gen, result, slowdown)
+    for _ in range(CLOCK_ROUNDS):
+        target = clock.slowdown(share)
+        if abs(target - slowdown) < CLOCK_TOL:
+            break
+        slowdown = target
+        gen = generate(model, par, throttled(kernel_time, slowdown), host)  # type: ignore[arg-type]
+        result = run(gen)
+        share = _flop_share(gen, result, slowdown)
+    return gen, result, slowdown, share
 
 
 def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tuple[dict[str, float], int]:

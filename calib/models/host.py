@@ -622,6 +622,7 @@ def _same_ops_once(predict: Callable[[pd.DataFrame], np.ndarray]) -> Callable[[p
 
 def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     """The step-time function of one training bundle's generated configuration (module docstring)."""
+    from calib.models.clock import run_slowdown, throttled
     from calib.sim import simulate
     from calib.validation import engine
     from calib.validation.measured import measured_step
@@ -633,7 +634,10 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     model, par = engine.model_of(spec), engine.parallel_of(spec)
     network, system = engine.replay_network(bundle, calibration)
     cache: dict[tuple[float, float, float], float] = {}
-    kernel_time = _same_ops_once(kernel_model.predict)
+    # Each run at the SM clock its measured steps ran at: the kernel model learned kernels of profiled
+    # steps, which power-capped runs ran at a higher clock (calib.models.clock).
+    clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
+    kernel_time = _same_ops_once(throttled(kernel_model.predict, run_slowdown(bundle, clock)))
 
     def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
         key = (launch_s, sync_s, p2p_s)

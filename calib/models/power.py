@@ -159,6 +159,20 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     return points, idle, ""
 
 
+def measured_shares(bundle) -> dict[str, float] | None:
+    """Activity shares of a training bundle's profiled steps over its measured step time, the mean over
+    all its ranks (`_shares_for_ranks`; telemetry not needed); None without kernels."""
+    if not bundle.has("kernels") or not bundle.has("steps"):
+        return None
+    kernels, steps = bundle.table("kernels"), bundle.table("steps")
+    if kernels.empty:
+        return None
+    profiled = set(bundle.manifest.steps.profiled) or set(steps.loc[steps["profiled"].astype(bool), "step"])
+    coll = bundle.table("collectives") if bundle.has("collectives") else None
+    ranks = sorted(int(r) for r in kernels["rank"].unique())
+    return _shares_for_ranks(kernels, steps, ranks, profiled, coll)
+
+
 def _rank_to_gpu(bundle, gpu_count: int | None) -> dict[int, list[int]]:
     """Ranks on each GPU as telemetry numbers it. The manifest's notes.physical_gpus lists the
     device each local rank used (telemetry's `gpu`); without it, rank r runs on GPU r mod the

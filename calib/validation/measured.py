@@ -61,15 +61,21 @@ def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
     The profiler slows the host, the GPU idles more and stays under its power cap, so a power-capped
     run's profiled kernels run at a higher clock (up to 11 % on the H200 runs) than the same kernels
     in its unprofiled steps, whose time is the measured step."""
+    ratio = measured_clock_ratio(bundle, min_samples)
+    return 1.0 if ratio is None else ratio
+
+
+def measured_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float | None:
+    """profiled_clock_ratio, or None where the telemetry cannot say."""
     if not bundle.has("telemetry"):
-        return 1.0
+        return None
     tel = bundle.table("telemetry")
     steps = bundle.table("steps")
     if tel.empty or "sm_clock_hz" not in tel.columns or steps.empty:
-        return 1.0
+        return None
     prof = steps["profiled"].astype(bool)
     if not prof.any() or prof.all():
-        return 1.0
+        return None
     windows = [steps_span_s(steps[prof]), steps_span_s(steps[~prof])]
     ratios = []
     for _, g in tel.groupby("gpu"):
@@ -80,7 +86,7 @@ def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
             clock.append(float(np.median(w)) if len(w) >= min_samples else float("nan"))
         if all(np.isfinite(clock)):
             ratios.append(clock[0] / clock[1])
-    return float(np.median(ratios)) if ratios else 1.0
+    return float(np.median(ratios)) if ratios else None
 
 
 def measured_energy_per_step_j(bundle: Bundle) -> float | None:

@@ -1,0 +1,76 @@
+"""What the power cap's SM clock does to the host fit (docs/host.md, "The power cap's clock in generated
+steps").
+
+    python benchmarks/host_clock.py [BUNDLE_DIR] [VARIANT ...]   (default: traces/h200, all variants)
+
+Prepares every real training bundle's generated step (calib.models.host.prepare_run, the calibration in
+calib/data as the kernel and network models) with GEMM and attention kernels scaled per run, fits the
+host model (`fit_runs`, with its leave-one-configuration-out error) and prints the fitted costs, the
+error and the largest held-out errors. Variants:
+- `none`: kernels as the kernel model times them (the profiled steps' clock);
+- `measured`: each run at its own measured steps' clock (calib.models.clock.run_slowdown: its
+  telemetry's ratio, the clock model at its measured share without telemetry), what `calib fit` does;
+- `heldout`: each run at the clock model's slowdown for its measured GEMM/attention share, the model
+  fitted without the run's configuration (what a projection of an unmeasured run can know).
+About a minute per variant on 2 cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+VARIANTS = ("none", "measured", "heldout")
+
+
+class _Timed:
+    """What prepare_run asks of a kernel model: predict."""
+
+    def __init__(self, predict: object) -> None:
+        self.predict = predict
+
+
+def main(argv: list[str]) -> int:
+    from host_path_weights import print_fit, training_bundles
+
+    from calib.models.clock import ClockModel, clock_points, run_slowdown, throttled
+    from calib.models.host import fit_runs, prepare_run
+    from calib.models.power import measured_shares
+
+    names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
+    chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
+    clock = cal.clock_model()
+    if clock is None:
+        print("the calibration has no clock model (power.clock): refit with `calib fit`")
+        return 1
+    # prepare_run applies the calibration's clock itself; a flat one applies none, and each variant
+    # scales the kernel model's times on its own.
+    flat = dataclasses.replace(cal, power={**cal.power, "clock": dataclasses.replace(clock, slope=0.0).to_dict()})
+    points = clock_points(chosen)
+    kernel = cal.kernel_model()
+
+    def heldout(b: object) -> float:
+        others = [p for p in points if p.config != b.manifest.spec.key()]  # type: ignore[attr-defined]
+        model, _ = ClockModel.fit(others)
+        shares = measured_shares(b)
+        return 1.0 if shares is None else model.slowdown(shares["compute"])
+
+    slowdown = {
+        "none": lambda b: 1.0,
+        "measured": lambda b: run_slowdown(b, clock),
+        "heldout": heldout,
+    }
+    for name in names:
+        t = time.perf_counter()
+        runs = []
+        for b in chosen:
+            s = slowdown[name](b)
+            runs.append(prepare_run(b, _Timed(throttled(kernel.predict, s)), flat))
+        model, err = fit_runs(runs)
+        print_fit(name, model, err, time.perf_counter() - t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

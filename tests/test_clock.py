@@ -1,0 +1,136 @@
+"""The power cap's SM clock (calib.models.clock): fitted on the committed bundles' telemetry, applied by
+the projection and the host fit to GEMM and attention kernels only.
+
+The synthetic points of the unit tests are made from a known hinge; the fits on traces/ use the
+measured clocks, and assert what a calibration relies on (a held-out error it reports, better than no
+slowdown on the H200s, flat on the H100s, whose runs did not throttle)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calib.bundle.io import load_bundles
+from calib.cluster import load_cluster
+from calib.errors import CalibError
+from calib.models.clock import ClockModel, ClockPoint, clock_points, run_slowdown, throttled
+from calib.project import project
+from calib.workload.models import resolve_model
+from calib.workload.parallel import ParallelConfig
+from tests.conftest import TRACES
+
+
+def _points(knee: float, slope: float, shares: list[float]) -> list[ClockPoint]:
+    return [ClockPoint(f"b{i}", f"c{i}", s, 1.0 + slope * max(s - knee, 0.0)) for i, s in enumerate(shares)]
+
+
+def test_hinge_recovered_from_known_points() -> None:
+    shares = list(np.linspace(0.05, 0.45, 17))
+    model, err = ClockModel.fit(_points(0.3, 0.5, shares))
+    assert model.knee == pytest.approx(0.3, abs=0.01)
+    assert model.slope == pytest.approx(0.5, rel=0.05)
+    assert model.top == pytest.approx(0.45)
+    assert err.count == 17 and err.mape < 0.2 < model.flat_mape
+    assert model.slowdown(0.1) == 1.0 and model.slowdown(0.0) == 1.0 and model.slowdown(float("nan")) == 1.0
+    # beyond the largest measured share the slowdown is held there
+    assert model.slowdown(0.9) == model.slowdown(0.45) and model.beyond_measured(0.9)
+    assert not model.beyond_measured(0.4)
+
+
+def test_flat_when_the_hinge_does_not_beat_no_slowdown() -> None:
+    rng = np.random.default_rng(1)
+    pts = [ClockPoint(f"b{i}", f"c{i}", float(s), float(1 + rng.normal(0, 0.005))) for i, s in
+           enumerate(np.linspace(0.05, 0.45, 12))]
+    model, err = ClockModel.fit(pts)
+    if model.slope > 0:  # the hinge won held out: it must have been better than no slowdown
+        assert err.mape < model.flat_mape
+    else:
+        assert err.mape == pytest.approx(model.flat_mape) and "no slowdown" in err.method
+        assert model.slowdown(0.45) == 1.0
+
+
+def test_too_few_configurations_and_bad_values_refused() -> None:
+    with pytest.raises(CalibError, match="need at least 4"):
+        ClockModel.fit(_points(0.3, 0.5, [0.1, 0.2, 0.4]))
+    bad = _points(0.3, 0.5, [0.1, 0.2, 0.3, 0.4])
+    bad[1] = dataclasses.replace(bad[1], ratio=float("nan"))
+    with pytest.raises(CalibError, match="non-finite"):
+        ClockModel.fit(bad)
+    with pytest.raises(CalibError, match="knee"):
+        ClockModel.from_dict({"knee": 0.5, "slope": -1.0, "top": 0.4})
+    with pytest.raises(CalibError, match="numbers"):
+        ClockModel.from_dict({"knee": "x", "slope": 0.1, "top": 0.4})
+
+
+def test_round_trip() -> None:
+    model, _ = ClockModel.fit(_points(0.28, 0.4, list(np.linspace(0.05, 0.44, 9))))
+    back = ClockModel.from_dict(model.to_dict())
+    assert (back.knee, back.slope, back.top, back.count) == (model.knee, model.slope, model.top, model.count)
+    assert back.points == model.points
+
+
+def test_throttled_scales_gemm_and_attention_only() -> None:
+    ops = pd.DataFrame({"op_class": ["gemm", "memory", "attention", "communication"]})
+    base = throttled(lambda df: np.full(len(df), 2.0), 1.1)
+    assert base(ops).tolist() == pytest.approx([2.2, 2.0, 2.2, 2.0])
+    same = lambda df: np.ones(len(df))  # noqa: E731
+    assert throttled(same, 1.0) is same
+
+
+@pytest.fixture(scope="module")
+def h200_points() -> list[ClockPoint]:
+    if not (TRACES / "h200").is_dir():
+        pytest.skip("no committed H200 bundles")
+    return clock_points(load_bundles([TRACES / "h200"]))
+
+
+def test_h200_runs_throttle_with_their_gemm_share(h200_points) -> None:
+    model, err = ClockModel.fit(h200_points)
+    # Only runs whose telemetry gives both clocks count (the -notel twins have none).
+    assert not any(p.bundle.endswith("-notel") for p in h200_points) and err.count == len(h200_points) >= 40
+    assert model.slope > 0 and 0 < model.knee < model.top <= 0.5
+    assert err.mape < model.flat_mape  # held out, better than assuming the profiled clock
+    # the measured ratios the fit rests on, as profiled_clock_ratio reads them (tests/test_replay_clock.py)
+    capped = next(p for p in h200_points if p.bundle == "llama70b-tp2-mbs2-rcsel")
+    assert capped.ratio == pytest.approx(1912.5 / 1725, rel=1e-3) and model.slowdown(capped.share) > 1.02
+    moe = next(p for p in h200_points if p.bundle == "mixtral-tp2-sp-s256")
+    assert moe.ratio == 1.0 and model.slowdown(moe.share) == 1.0
+
+
+def test_h100_runs_fit_flat() -> None:
+    if not (TRACES / "h100").is_dir():
+        pytest.skip("no committed H100 bundles")
+    model, err = ClockModel.fit(clock_points(load_bundles([TRACES / "h100"])))
+    assert model.slope == 0 and "no slowdown" in err.method
+
+
+def test_run_slowdown_measured_or_modelled(h200_points) -> None:
+    model, _ = ClockModel.fit(h200_points)
+    b = load_bundles([TRACES / "h200" / "llama70b-tp2-mbs2-rcsel"])[0]
+    assert run_slowdown(b, model) == pytest.approx(1912.5 / 1725, rel=1e-3)  # its telemetry says
+    assert run_slowdown(b, None) == 1.0 and run_slowdown(b, dataclasses.replace(model, slope=0.0)) == 1.0
+    twin = load_bundles([TRACES / "h200" / "llama8b-tp2-notel"])[0]  # no telemetry: the model at its share
+    assert run_slowdown(twin, model) > 1.0
+
+
+def test_projection_applies_the_slowdown_to_gemm_heavy_steps() -> None:
+    from calib.calibration import Calibration
+    from calib.project import default_calibration_path
+
+    cal = Calibration.load(str(default_calibration_path("H200")))
+    steep = ClockModel(knee=0.05, slope=0.5, top=0.9, count=4)
+    flat = dataclasses.replace(steep, slope=0.0)
+    with_clock = dataclasses.replace(cal, power={**cal.power, "clock": steep.to_dict()})
+    without = dataclasses.replace(cal, power={**cal.power, "clock": flat.to_dict()})
+    model, par = resolve_model("gpt3-13b").scaled_down(4, 2048), ParallelConfig(tp=2, micro_batch=2, global_batch=8)
+    fast = project(model, par, load_cluster("h200-2"), without)
+    slow = project(model, par, load_cluster("h200-2"), with_clock)
+    assert slow.step_time_s > fast.step_time_s * 1.02
+    line = next(c for c in slow.calibrated if c.startswith("SM clock under the power cap"))
+    share = float(line.split("share of ")[1].split(" ")[0])
+    factor = float(line.split("kernels x")[1].split(" ")[0])
+    assert factor == pytest.approx(steep.slowdown(share), abs=1.5e-3)  # iterated to agreement
+    assert not any(c.startswith("SM clock") for c in fast.calibrated)
