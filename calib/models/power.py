@@ -108,7 +108,7 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     if tel.empty:
         return [], [], ""
     steps = _measured_steps(bundle.table("steps"))
-    profiled = set(m.steps.profiled) or set(bundle.table("steps").loc[bundle.table("steps")["profiled"].astype(bool), "step"])
+    profiled = _profiled_steps(bundle)
     kernels = bundle.table("kernels")
     win0, win1 = steps_span_s(steps)
     n_steps = int(steps["step"].nunique())
@@ -116,6 +116,7 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
         return [], [], (f"{bundle.id}: measured steps last {win1 - win0:.3f} s, under the {MIN_WINDOW_S} s "
                         "the energy counter's update steps need")
     ranks_per_gpu = _rank_to_gpu(bundle, gpu_count)
+    coll = _collectives(bundle)
     points: list[PowerPoint] = []
     idle: list[float] = []
     for gpu, g in tel.sort_values("t_s").groupby("gpu"):
@@ -147,7 +148,6 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
         ranks = ranks_per_gpu.get(int(gpu), [])
         if not ranks:
             continue
-        coll = bundle.table("collectives") if bundle.has("collectives") else None
         shares = _shares_for_ranks(kernels, bundle.table("steps"), ranks, profiled, coll)
         if shares is None:
             continue
@@ -167,10 +167,18 @@ def measured_shares(bundle) -> dict[str, float] | None:
     kernels, steps = bundle.table("kernels"), bundle.table("steps")
     if kernels.empty:
         return None
-    profiled = set(bundle.manifest.steps.profiled) or set(steps.loc[steps["profiled"].astype(bool), "step"])
-    coll = bundle.table("collectives") if bundle.has("collectives") else None
     ranks = sorted(int(r) for r in kernels["rank"].unique())
-    return _shares_for_ranks(kernels, steps, ranks, profiled, coll)
+    return _shares_for_ranks(kernels, steps, ranks, _profiled_steps(bundle), _collectives(bundle))
+
+
+def _profiled_steps(bundle) -> set:
+    """The profiled steps' ids: the manifest's list, else the steps table's `profiled` rows."""
+    steps = bundle.table("steps")
+    return set(bundle.manifest.steps.profiled) or set(steps.loc[steps["profiled"].astype(bool), "step"])
+
+
+def _collectives(bundle) -> pd.DataFrame | None:
+    return bundle.table("collectives") if bundle.has("collectives") else None
 
 
 def _rank_to_gpu(bundle, gpu_count: int | None) -> dict[int, list[int]]:
