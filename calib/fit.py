@@ -616,12 +616,12 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
             except CalibError:
                 pred.append(np.nan)
                 continue
-            pred.append(sum(m.energy_j(p.step_time_s, p.shares) for p in points if p.config == c))
+            pred.append(sum(m.energy_j(p.step_time_s, p.shares, p.flops_per_s * p.step_time_s) for p in points if p.config == c))
         pred_a = np.array(pred)
         ok = np.isfinite(pred_a)
         errors["power.energy_per_step"] = error_stat(pred_a[ok], meas[ok], "leave-one-configuration-out, all GPUs of a run")
     else:
-        pred_a = np.array([sum(model.energy_j(p.step_time_s, p.shares) for p in points)])
+        pred_a = np.array([sum(model.energy_j(p.step_time_s, p.shares, p.flops_per_s * p.step_time_s) for p in points)])
         errors["power.energy_per_step"] = error_stat(pred_a, meas, "in-sample (only one configuration has telemetry)")
     return model, errors, used, skipped
 
@@ -701,6 +701,9 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         cal.errors.update(perr)
         ids = _short(pused)
         prov["power.power_by_activity_w"] = f"calibrated: {ids}"
+        prov["power.energy_per_flop_j"] = f"calibrated: {ids}"
+        for act in pmodel.unmeasured:
+            prov[f"power.power_by_activity_w.{act}"] = f"not calibrated: no run had {act} activity; the idle power is used"
         prov["power.peak_power_w"] = f"calibrated: {ids}"
         prov["power.throttle_factor"] = f"calibrated: {ids}"
         pk = peaks or _maybe_peaks(gpu_name)
@@ -727,7 +730,7 @@ def _fit_clock_section(cal: Calibration, chosen: list[Bundle]) -> None:
         return
     cal.power["clock"] = clock.to_dict()
     cal.errors["power.clock_slowdown"] = err
-    what = "calibrated" if clock.slope > 0 else "calibrated flat (no slowdown: the hinge did no better held out)"
+    what = "calibrated" if clock.slows else "calibrated flat (no slowdown: the hinge did no better held out)"
     cal.provenance["power.clock"] = f"{what}: {_short([p.bundle for p in points])}"
 
 

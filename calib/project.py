@@ -209,7 +209,7 @@ def project(
     # emitted ASTRA-sim inputs and an ASTRA-sim run are those of the final step.
     settled = None
     clock = calibration.clock_model() if calibration is not None and hasattr(calibration, "clock_model") else None
-    if clock is not None and clock.slope > 0:
+    if clock is not None and clock.slows:
         def embedded(g: GeneratedStep) -> SimResult:
             return simulate(g.workload, network, system)
 
@@ -248,10 +248,11 @@ def project(
         energy = 0.0
         for stage, cls in enumerate(gen.workload.classes):
             shares = _activity_shares(gen, result, stage, cls.rep, step)
-            energy += pm.energy_j(step, shares) * len(cls.members)
+            energy += pm.energy_j(step, shares, gen.stage_flops(stage)) * len(cls.members)
         avg_w = energy / (step * gpus)
         peak_w = float(pm.peak_power_w) if np.isfinite(pm.peak_power_w) else None
-        calibrated.append("power by activity (power model)")
+        calibrated.append("power by activity" + (" and GEMM/attention FLOP rate" if pm.energy_per_flop_j > 0 else "")
+                          + " (power model)")
         if mismatch:
             transferred.append(f"power model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
     else:
@@ -353,11 +354,14 @@ def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tu
 
 
 def _activity_shares(gen: GeneratedStep, result: SimResult, stage: int, rep: int, step_s: float) -> dict[str, float]:
-    """The power model's activity shares of one rank class over the step (compute > memory > comm > idle)."""
+    """The power model's activity shares of one rank class over the step (compute > memory > comm > idle).
+
+    comm includes the pipeline's send/recv waits (bubble included), as the fitted shares do: there a
+    receive's NCCL kernel runs while it waits for its peer (calib.models.power)."""
     compute = gen.stage_compute_s[stage]
     memory = gen.stage_memory_s[stage]
     exposed = result.exposed_ns[rep] if result.exposed_ns and rep < len(result.exposed_ns) else {}
-    comm = sum(float(exposed.get(c, 0.0)) for c in ("tp", "dp", "ep")) * 1e-9
+    comm = sum(float(exposed.get(c, 0.0)) for c in ("tp", "dp", "ep", "pp")) * 1e-9
     shares = {"compute": max(compute - memory, 0.0) / step_s, "memory": memory / step_s, "comm": comm / step_s}
     busy = sum(shares.values())
     if busy > 1:

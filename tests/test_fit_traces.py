@@ -110,3 +110,29 @@ def test_real_sample_kernels_cross_validate(samples: Path) -> None:
     shapes, t, _ = shape_table(gemm)
     rel = np.abs(model.predict(shapes) - t) / t
     assert 100 * rel.mean() <= errors["kernel.gemm"].mape  # in-sample is no worse than held-out
+
+
+def test_generated_steps_do_the_measured_gemm_and_attention_work() -> None:
+    """The power model's FLOP term is fitted on the profiled kernels' FLOPs and applied to the generated
+    step's: per GPU they agree on every dense run (the MoE runs' expert GEMMs follow their routing)."""
+    from calib.models.power import flops_per_step
+    from calib.project import roofline_kernel_time
+    from calib.validation.engine import host_cluster, model_of, parallel_of
+    from calib.workload.generate import generate
+
+    checked = 0
+    for b in _bundles("h200"):
+        spec = b.manifest.spec
+        if b.manifest.kind != "training" or not b.has("kernels") or spec is None:
+            continue
+        model, par = model_of(spec), parallel_of(spec)
+        gen = generate(model, par, roofline_kernel_time(host_cluster(b)))
+        kernels = b.table("kernels")
+        for stage, rank in ((0, 0), (par.pp - 1, int(kernels["rank"].max()))):
+            ratio = gen.stage_flops(stage) / flops_per_step(kernels, rank)
+            if model.is_moe:
+                assert ratio == pytest.approx(1.0, abs=0.1), (b.id, stage)
+            else:
+                assert ratio == pytest.approx(1.0, rel=1e-9), (b.id, stage)
+        checked += 1
+    assert checked >= 40

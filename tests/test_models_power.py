@@ -53,3 +53,38 @@ def test_power_is_capped_at_the_limit() -> None:
     m = PowerModel.fit(pts, power_limit_w=500.0)
     assert all(0.0 <= v <= 500.0 for v in m.power_by_activity_w.values())
     assert m.power_w({"compute": 1.0}) <= 500.0
+
+
+def _flop_point(i: int, shares: dict[str, float], rate: float, per_flop: float) -> PowerPoint:
+    p = sum(P[a] * v for a, v in shares.items()) + per_flop * rate
+    return PowerPoint("b", f"cfg{i}", 0, shares, p, p * 0.05, 0.05, 100, 5.0, p * 1.2, 1.8e9, {}, rate)
+
+
+def test_recovers_the_energy_per_flop() -> None:
+    rng = np.random.default_rng(2)
+    per_flop = 3.5e-13  # J per FLOP: 350 W at 1 PFLOP/s
+    pts = [_flop_point(i, dict(zip(("compute", "memory", "comm", "idle"), rng.dirichlet(np.ones(4)), strict=True)),
+                       float(rng.uniform(0.0, 4e14)), per_flop) for i in range(10)]
+    m = PowerModel.fit(pts)
+    assert m.energy_per_flop_j == pytest.approx(per_flop, rel=1e-4)
+    for a, w in P.items():
+        assert m.power_by_activity_w[a] == pytest.approx(w, rel=1e-4)
+    # 0.1 s of compute doing 2e13 FLOPs: 0.1 * 600 + 3.5e-13 * 2e13 J.
+    assert m.energy_j(0.1, {"compute": 1.0}, flops=2e13) == pytest.approx(60.0 + 7.0, rel=1e-4)
+    again = PowerModel.from_dict(m.to_dict())
+    assert again.energy_per_flop_j == pytest.approx(m.energy_per_flop_j)
+    old = m.to_dict()
+    del old["energy_per_flop_j"]  # a file written before the FLOP term predicts from the shares alone
+    assert PowerModel.from_dict(old).energy_j(0.1, {"compute": 1.0}, flops=2e13) == pytest.approx(0.1 * m.power_by_activity_w["compute"])
+
+
+def test_an_activity_no_window_ran_gets_the_idle_power() -> None:
+    rng = np.random.default_rng(3)
+    pts = []
+    for i in range(8):
+        c, mem, idle = rng.dirichlet(np.ones(3))
+        pts.append(_point(i, {"compute": c, "memory": mem, "comm": 0.0, "idle": idle}))
+    m = PowerModel.fit(pts)
+    assert m.power_by_activity_w["comm"] == pytest.approx(m.power_by_activity_w["idle"])
+    assert m.unmeasured == ["comm"] and PowerModel.from_dict(m.to_dict()).unmeasured == ["comm"]
+    assert m.power_by_activity_w["idle"] == pytest.approx(P["idle"], rel=1e-4)

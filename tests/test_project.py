@@ -257,3 +257,27 @@ def test_host_costs_follow_the_code_path_up_to_the_longest_measured(calibration)
     assert "30.0 us per kernel launch" in line(tp2pp2)
     assert any("longest code path measured" in n for n in tp2pp2.notes)
     assert not any("longest code path measured" in n for n in tp2.notes)
+
+
+def test_energy_counts_the_generated_gemm_and_attention_work(calibration, main_result) -> None:
+    """The power model's FLOP term adds energy_per_flop_j x the generated step's GEMM/attention FLOPs
+    (every GPU's): against the model's FLOPs per step (Megatron's formula) within a few percent."""
+    per_flop = 3.6e-13
+    power = PowerModel(dict(POWER_W), peak_power_w=700.0, energy_per_flop_j=per_flop).to_dict()
+    cal = Calibration(**{**calibration.__dict__, "power": power})
+    r = project(resolve_model("gpt3-175b"), ParallelConfig(**MAIN), load_cluster("dgx-h200"), cal)
+    assert r.step_time_s == pytest.approx(main_result.step_time_s)
+    extra = r.energy_j_per_step - main_result.energy_j_per_step
+    assert extra == pytest.approx(per_flop * r.sim["hardware_flops_per_step"], rel=0.05)
+
+
+def test_pipeline_waits_draw_communication_power() -> None:
+    """A stage's send/recv wait is communication in the projected shares, as in the fitted ones."""
+    from types import SimpleNamespace
+
+    from calib.project import _activity_shares
+
+    gen = SimpleNamespace(stage_compute_s=[0.5], stage_memory_s=[0.2])
+    result = SimpleNamespace(exposed_ns=[{"tp": 1e8, "pp": 2e8}])
+    shares = _activity_shares(gen, result, 0, 0, 1.0)  # type: ignore[arg-type]
+    assert shares == pytest.approx({"compute": 0.3, "memory": 0.2, "comm": 0.3, "idle": 0.2})

@@ -104,8 +104,13 @@ class ClockModel:
             return 1.0
         return float(1.0 + self.slope * _hinge(np.array([share]), self.knee, self.top)[0])
 
+    @property
+    def slows(self) -> bool:
+        """Whether the model applies any slowdown (a flat fit does not)."""
+        return self.slope > 0
+
     def beyond_measured(self, share: float) -> bool:
-        return self.slope > 0 and share > self.top
+        return self.slows and share > self.top
 
     @classmethod
     def fit(cls, points: Sequence[ClockPoint]) -> tuple[ClockModel, ErrorStat]:
@@ -166,7 +171,7 @@ def run_slowdown(bundle: Any, clock: ClockModel | None) -> float:
     from calib.models.power import measured_shares
     from calib.validation.measured import measured_clock_ratio
 
-    if clock is None or clock.slope <= 0:
+    if clock is None or not clock.slows:
         return 1.0
     ratio = measured_clock_ratio(bundle)
     if ratio is not None:
