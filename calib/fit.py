@@ -616,14 +616,19 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
             except CalibError:
                 pred.append(np.nan)
                 continue
-            pred.append(sum(m.energy_j(p.step_time_s, p.shares, p.flops_per_s * p.step_time_s) for p in points if p.config == c))
+            pred.append(_predicted_energy_j(m, [p for p in points if p.config == c]))
         pred_a = np.array(pred)
         ok = np.isfinite(pred_a)
         errors["power.energy_per_step"] = error_stat(pred_a[ok], meas[ok], "leave-one-configuration-out, all GPUs of a run")
     else:
-        pred_a = np.array([sum(model.energy_j(p.step_time_s, p.shares, p.flops_per_s * p.step_time_s) for p in points)])
+        pred_a = np.array([_predicted_energy_j(model, points)])
         errors["power.energy_per_step"] = error_stat(pred_a, meas, "in-sample (only one configuration has telemetry)")
     return model, errors, used, skipped
+
+
+def _predicted_energy_j(model: PowerModel, points: Sequence[PowerPoint]) -> float:
+    """The model's energy of one step summed over these GPU windows, each at its own shares and FLOP rate."""
+    return sum(model.energy_j(p.step_time_s, p.shares, p.flops_per_s * p.step_time_s) for p in points)
 
 
 # ---- everything ------------------------------------------------------------------------------

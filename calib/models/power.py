@@ -119,7 +119,8 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     tel = bundle.table("telemetry")
     if tel.empty:
         return [], [], ""
-    steps = _measured_steps(bundle.table("steps"))
+    all_steps = bundle.table("steps")
+    steps = _measured_steps(all_steps)
     profiled = _profiled_steps(bundle)
     kernels = bundle.table("kernels")
     win0, win1 = steps_span_s(steps)
@@ -160,7 +161,6 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
         ranks = ranks_per_gpu.get(int(gpu), [])
         if not ranks:
             continue
-        all_steps = bundle.table("steps")
         shares = _shares_for_ranks(kernels, all_steps, ranks, profiled, coll)
         if shares is None:
             continue
