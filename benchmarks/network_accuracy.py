@@ -11,8 +11,9 @@ and per tight cluster of training sizes (within a factor 2) the error of the bes
 bandwidth. Then the same figure with the event-timed microbenchmarks taken differently (their
 harnesses add a launch floor: one call between two CUDA events 34-59 us at the smallest sizes, a loop
 of 20 calls ~20 us per call, which it reaches as max(floor, kernel time)); and per harness its
-smallest time. Last, the
-ASTRA-sim export's in-sample error per series.
+smallest time. Then the training collectives by how much of their transfer ran beside compute
+kernels on the same rank (read from the bundle's ETs): their time over the model's, per band of
+that overlap. Last, the ASTRA-sim export's in-sample error per series.
 """
 
 from __future__ import annotations
@@ -84,6 +85,67 @@ def loop_timed(bundles: list) -> set[str]:
             and int((b.manifest.notes or {}).get("iters", 1)) > 1}
 
 
+def _busy_union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged [start, end) intervals of possibly overlapping kernels."""
+    order = np.argsort(starts)
+    lo: list[float] = []
+    hi: list[float] = []
+    for a, b in zip(starts[order], ends[order], strict=True):
+        if hi and a <= hi[-1]:
+            hi[-1] = max(hi[-1], b)
+        else:
+            lo.append(a)
+            hi.append(b)
+    return np.array(lo), np.array(hi)
+
+
+def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
+    """Per training collective member (sizes >= 1 MiB, P2P left out): the fraction of its transfer
+    (the end of its NCCL kernel less its transfer_ns) that compute kernels of the same rank
+    covered, and its transfer time over the fitted model's (measured / predicted)."""
+    from calib.chakra.codec import read_et
+    from calib.chakra.model import NodeType
+    from calib.models.network import normalize_kind
+
+    rows = []
+    for b in bundles:
+        if b.manifest.kind != "training":
+            continue
+        for path in b.et_files():
+            rank = int(Path(path).name.split(".")[1])
+            nodes = read_et(path).nodes
+            comp = [n for n in nodes if n.type == NodeType.COMP_NODE and not n.is_cpu_op]
+            starts = np.array([n.start_time_micros for n in comp], float)
+            lo, hi = _busy_union(starts, starts + np.array([n.duration_micros for n in comp], float))
+            for n in nodes:
+                if n.type != NodeType.COMM_COLL_NODE:
+                    continue
+                dur = float(n.attr("duration_ns", 0) or n.duration_micros * 1000) / 1000
+                tr = float(n.attr("transfer_ns", 0) or dur * 1000) / 1000
+                end = n.start_time_micros + dur
+                if tr <= 0:
+                    continue
+                covered = np.clip(np.minimum(hi, end) - np.maximum(lo, end - tr), 0, None).sum()
+                rows.append({"bundle": b.id, "rank": rank, "pg_name": str(n.attr("pg_name")), "seq": n.attr("seq"),
+                             "transfer_s": tr * 1e-6, "overlap": covered / tr})
+    ov = pd.DataFrame(rows)
+    if ov.empty:
+        return ov
+    members = []
+    for b in bundles:
+        if b.manifest.kind == "training" and b.has("collectives"):
+            c = b.table("collectives")[["rank", "pg_name", "seq", "kind", "group_size", "bytes"]].copy()
+            c["bundle"], c["pg_name"] = b.id, c["pg_name"].astype(str)
+            members.append(c.rename(columns={"bytes": "nccl_bytes"}))
+    out = ov.merge(pd.concat(members, ignore_index=True), on=["bundle", "rank", "pg_name", "seq"])
+    out["kind"] = [normalize_kind(str(k)) for k in out["kind"]]
+    out = out[(out["kind"] != "sendrecv") & (out["group_size"] > 1) & (out["nccl_bytes"] >= 2**20)]
+    # nccl-tests sizes (the model's convention); the ET's comm_size is ASTRA-sim's
+    out["ratio"] = [t / float(model.predict(k, int(n), s))  # type: ignore[attr-defined]
+                    for t, k, n, s in zip(out["transfer_s"], out["kind"], out["group_size"], out["nccl_bytes"], strict=True)]
+    return out
+
+
 def _row(name: str, errors: dict, big: pd.DataFrame) -> dict:
     """One line of harness_variants: the fit's figure and its microbenchmark / training parts."""
     return {"microbenchmarks": name, "all %": errors["network"].mape, "points": errors["network"].count,
@@ -144,6 +206,15 @@ def main(argv: list[str]) -> int:
     ev = micro[micro["events"].astype(bool)]
     print("smallest time per event-timed bundle and group size, us:")
     print((ev.groupby(["bundle", "group_size"])["time_s"].min() * 1e6).round(1).unstack("group_size").to_string())
+
+    ov = compute_overlap(bundles, model)
+    if not ov.empty:
+        print("\ntraining collectives >= 1 MiB by the share of their transfer that compute kernels covered: "
+              "measured / model (median)")
+        share = pd.cut(ov["overlap"], [-0.01, 0.05, 0.25, 0.5, 0.75, 1.01],
+                       labels=["< 5 %", "5-25 %", "25-50 %", "50-75 %", ">= 75 %"])
+        print(ov.groupby(["kind", share], observed=True)["ratio"].agg(["median", "count"]).round(3)
+              .unstack(1).to_string())
 
     for dom, fit in model.astra_params().items():
         print(f"\nASTRA-sim export {dom}: {fit['bandwidth_gbps']:.1f} GB/s (2^30), {fit['latency_ns']:.0f} ns, "
