@@ -10,9 +10,10 @@ point before fitting:
 - bytes: the largest member's nccl-tests size. PyTorch records an all-gather's output as its
   own input times the group size (reduce-scatter likewise from its own output), so the members of
   an uneven all-gather-v / reduce-scatter-v / all-to-all-v (Megatron's MoE token dispatch) carry
-  different sizes. The exchange ends when its largest member's share has moved (a ring passes
-  every member's chunk through every step), so the call times like an even one of n x the largest
-  share: the size the replays simulate it at (calib.validation.replay). On the H200 bundles this
+  different sizes. The call ends when its largest share has moved (a ring all-gather or
+  reduce-scatter passes every member's chunk through every step; an all-to-all-v waits for its
+  largest sender), so it times like an even call of the largest member's size: the size the
+  replays simulate it at (calib.validation.replay). On the H200 bundles this
   took the collectives' 5-fold error at sizes >= 1 MiB from 7.30 to 7.10 % (the members' mean
   size, used before). For an even call every member carries the same size and nothing changes.
 
