@@ -85,20 +85,6 @@ def loop_timed(bundles: list) -> set[str]:
             and int((b.manifest.notes or {}).get("iters", 1)) > 1}
 
 
-def _busy_union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merged [start, end) intervals of possibly overlapping kernels."""
-    order = np.argsort(starts)
-    lo: list[float] = []
-    hi: list[float] = []
-    for a, b in zip(starts[order], ends[order], strict=True):
-        if hi and a <= hi[-1]:
-            hi[-1] = max(hi[-1], b)
-        else:
-            lo.append(a)
-            hi.append(b)
-    return np.array(lo), np.array(hi)
-
-
 def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
     """Per training collective member (sizes >= 1 MiB, P2P left out): the fraction of its transfer
     (the end of its NCCL kernel less its transfer_ns) that compute kernels of the same rank
@@ -106,6 +92,7 @@ def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
     from calib.chakra.codec import read_et
     from calib.chakra.model import NodeType
     from calib.models.network import normalize_kind
+    from calib.sim.analytical import _overlap_len, _union
 
     rows = []
     for b in bundles:
@@ -115,8 +102,7 @@ def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
             rank = int(Path(path).name.split(".")[1])
             nodes = read_et(path).nodes
             comp = [n for n in nodes if n.type == NodeType.COMP_NODE and not n.is_cpu_op]
-            starts = np.array([n.start_time_micros for n in comp], float)
-            lo, hi = _busy_union(starts, starts + np.array([n.duration_micros for n in comp], float))
+            busy = _union([(n.start_time_micros, n.start_time_micros + n.duration_micros) for n in comp])
             for n in nodes:
                 if n.type != NodeType.COMM_COLL_NODE:
                     continue
@@ -125,7 +111,7 @@ def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
                 end = n.start_time_micros + dur
                 if tr <= 0:
                     continue
-                covered = np.clip(np.minimum(hi, end) - np.maximum(lo, end - tr), 0, None).sum()
+                covered = _overlap_len([(end - tr, end)], busy)
                 rows.append({"bundle": b.id, "rank": rank, "pg_name": str(n.attr("pg_name")), "seq": n.attr("seq"),
                              "transfer_s": tr * 1e-6, "overlap": covered / tr})
     ov = pd.DataFrame(rows)

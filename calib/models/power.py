@@ -342,10 +342,11 @@ class PowerModel:
         # Relative error (each row divided by its measured power); every activity's power lies
         # between 0 and the GPU's power limit (the firmware caps the average there).
         cap = power_limit_w if np.isfinite(power_limit_w) and power_limit_w > 0 else np.inf
-        upper = np.array([cap] * len(ACTIVITIES) + [np.inf if a[:, -1].any() else 1e-12])
+        has_flops = bool(a[:, -1].any())
+        upper = np.array([cap] * len(ACTIVITIES) + [np.inf if has_flops else 1e-12])
         sol = lsq_linear(a * (w / y)[:, None], w, bounds=(np.zeros(len(upper)), upper)).x
         pw = {c: float(v) for c, v in zip(ACTIVITIES, sol, strict=False)}
-        per_flop = float(sol[-1]) / PFLOP if a[:, -1].any() else 0.0
+        per_flop = float(sol[-1]) / PFLOP if has_flops else 0.0
         # An activity no window ran (communication on one-GPU runs) is not determined by the fit (the
         # solver leaves it anywhere in its bounds): it gets the idle power, what a GPU that waits draws.
         unmeasured = [c for i, c in enumerate(ACTIVITIES) if c != "idle" and not a[:, i].any()
