@@ -582,8 +582,9 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
 
 
 def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
-              ) -> tuple[PowerModel | None, dict[str, ErrorStat], list[str], list[str]]:
-    """(model or None, errors, bundle ids used, bundles skipped with why)."""
+              ) -> tuple[PowerModel | None, dict[str, ErrorStat], list[str], list[str], list[str]]:
+    """(model or None, errors, bundle ids used, bundles skipped with why, ids of the used bundles whose
+    profiled steps recorded GEMM or attention FLOPs: the only ones the FLOP term is fitted on)."""
     points: list[PowerPoint] = []
     idle: list[float] = []
     used: list[str] = []
@@ -597,7 +598,8 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
         points += p
         idle += i
     if not points:
-        return None, {}, used, skipped
+        return None, {}, used, skipped, []
+    with_flops = list(dict.fromkeys(p.bundle for p in points if p.flops_per_s > 0))
     max_clock = peaks.max_sm_clock_hz if peaks else float("nan")
     limits = [b.manifest.gpu.power_limit_w for b in bundles if b.id in used and b.manifest.gpu.power_limit_w > 0]
     limit = float(min(limits)) if limits else float("nan")
@@ -623,7 +625,7 @@ def fit_power(bundles: Sequence[Bundle], peaks: GpuPeaks | None
     else:
         pred_a = np.array([_predicted_energy_j(model, points)])
         errors["power.energy_per_step"] = error_stat(pred_a, meas, "in-sample (only one configuration has telemetry)")
-    return model, errors, used, skipped
+    return model, errors, used, skipped, with_flops
 
 
 def _predicted_energy_j(model: PowerModel, points: Sequence[PowerPoint]) -> float:
@@ -698,7 +700,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     else:
         prov["network"] = "not calibrated: no collectives in the bundles"
 
-    pmodel, perr, pused, pskipped = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
+    pmodel, perr, pused, pskipped, pflops = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
     if pmodel is not None:
         cal.power = pmodel.to_dict()
         if pskipped:
@@ -706,7 +708,9 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         cal.errors.update(perr)
         ids = _short(pused)
         prov["power.power_by_activity_w"] = f"calibrated: {ids}"
-        prov["power.energy_per_flop_j"] = f"calibrated: {ids}"
+        prov["power.energy_per_flop_j"] = (
+            f"calibrated: {_short(pflops)}" if pflops else
+            "not calibrated: no profiled step recorded GEMM or attention FLOPs (the term is 0)")
         for act in pmodel.unmeasured:
             prov[f"power.power_by_activity_w.{act}"] = f"not calibrated: no run had {act} activity; the idle power is used"
         prov["power.peak_power_w"] = f"calibrated: {ids}"

@@ -94,6 +94,32 @@ def test_power_reports_a_held_out_energy_error(fitted: tuple[list, Calibration])
     e = cal.errors["power.energy_per_step"]
     assert e.count >= 1 and np.isfinite(e.mape)
     assert 0 < cal.power_model().power_w({"idle": 1.0}) < cal.power_model().power_w({"compute": 1.0})
+    assert cal.provenance["power.energy_per_flop_j"].startswith("calibrated: ")
+
+
+class _WithoutFlops:
+    """A bundle whose kernel table lacks the FLOP column, as tables converted before it had."""
+
+    def __init__(self, bundle: object) -> None:
+        self._bundle = bundle
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bundle, name)
+
+    def table(self, name: str) -> object:
+        t = self._bundle.table(name)  # type: ignore[attr-defined]
+        return t.drop(columns=["flops"]) if name == "kernels" else t
+
+
+def test_power_fits_the_flop_term_only_on_runs_with_flops() -> None:
+    """The FLOP term says which runs it was fitted on; without FLOPs it is 0 and said to be not fitted."""
+    from calib.fit import fit_power
+
+    bundles = [b for b in _bundles("h100") if b.manifest.kind == "training"]
+    model, _, used, _, with_flops = fit_power(bundles, peaks_for_gpu("H100"))
+    assert model is not None and model.energy_per_flop_j > 0 and set(with_flops) == set(used)
+    bare, _, used_bare, _, none = fit_power([_WithoutFlops(b) for b in bundles], peaks_for_gpu("H100"))
+    assert bare is not None and bare.energy_per_flop_j == 0.0 and none == [] and used_bare == used
 
 
 def test_real_sample_kernels_cross_validate(samples: Path) -> None:

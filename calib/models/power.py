@@ -122,7 +122,7 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
     all_steps = bundle.table("steps")
     steps = _measured_steps(all_steps)
     profiled = _profiled_steps(bundle)
-    kernels = bundle.table("kernels")
+    by_rank = _by_rank(bundle.table("kernels"))
     win0, win1 = steps_span_s(steps)
     n_steps = int(steps["step"].nunique())
     if win1 - win0 < MIN_WINDOW_S:
@@ -161,14 +161,14 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
         ranks = ranks_per_gpu.get(int(gpu), [])
         if not ranks:
             continue
-        shares = _shares_for_ranks(kernels, all_steps, ranks, profiled, coll)
+        shares = _shares_for_ranks(by_rank, all_steps, ranks, profiled, coll)
         if shares is None:
             continue
         window = win1 - win0
         points.append(PowerPoint(
             bundle.id, m.spec.key() if m.spec else bundle.id, int(gpu), shares, float((e1 - e0) / window),
             float((e1 - e0) / n_steps), window / n_steps, n_steps, window, peak, sm_load, reasons,
-            _flop_rate_for_ranks(kernels, all_steps, ranks, profiled),
+            _flop_rate_for_ranks(by_rank, all_steps, ranks, profiled),
         ))
     return points, idle, ""
 
@@ -181,8 +181,8 @@ def measured_shares(bundle) -> dict[str, float] | None:
     kernels, steps = bundle.table("kernels"), bundle.table("steps")
     if kernels.empty:
         return None
-    ranks = sorted(int(r) for r in kernels["rank"].unique())
-    return _shares_for_ranks(kernels, steps, ranks, _profiled_steps(bundle), _collectives(bundle))
+    by_rank = _by_rank(kernels)
+    return _shares_for_ranks(by_rank, steps, sorted(by_rank), _profiled_steps(bundle), _collectives(bundle))
 
 
 def _profiled_steps(bundle) -> set:
@@ -225,7 +225,12 @@ def _reason_fractions(g: pd.DataFrame, loaded: np.ndarray) -> dict[str, float]:
     return out
 
 
-def _shares_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[int], profiled: set,
+def _by_rank(kernels: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """The kernel table split by rank, once per bundle (shares and FLOP rates read it rank by rank)."""
+    return {int(r): k for r, k in kernels.groupby("rank", sort=True)}
+
+
+def _shares_for_ranks(by_rank: dict[int, pd.DataFrame], steps: pd.DataFrame, ranks: list[int], profiled: set,
                       collectives: pd.DataFrame | None = None) -> dict | None:
     """Mean activity shares of these ranks over their profiled steps.
 
@@ -237,8 +242,8 @@ def _shares_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[in
     acc = dict.fromkeys(ACTIVITIES, 0.0)
     n = 0
     for r in ranks:
-        kr = kernels[kernels["rank"] == r]
-        if kr.empty:
+        kr = by_rank.get(r)
+        if kr is None or kr.empty:
             continue
         span = _measured_step_s(steps, r, profiled)
         groups = list(kr.groupby("step"))
@@ -276,17 +281,22 @@ def flops_per_step(kernels: pd.DataFrame, rank: int) -> float:
 
     cuBLAS's split-K reduction kernels carry their GEMM's shape and FLOPs in tables converted before
     calib.ops.split_k_reduce_record (calib.fit.split_k_reductions): they do no GEMM work of their own."""
-    kr = kernels[kernels["rank"] == rank]
+    return _flops_per_step(kernels[kernels["rank"] == rank])
+
+
+def _flops_per_step(kr: pd.DataFrame) -> float:
+    """flops_per_step of one rank's kernel rows."""
     if kr.empty or "flops" not in kr.columns:
         return 0.0
     flop = kr["op_class"].astype(str).str.lower().isin(FLOP_CLASSES) & ~kr["name"].map(is_split_k_reduce).astype(bool)
     return float(pd.to_numeric(kr.loc[flop, "flops"], errors="coerce").fillna(0.0).sum()) / kr["step"].nunique()
 
 
-def _flop_rate_for_ranks(kernels: pd.DataFrame, steps: pd.DataFrame, ranks: list[int], profiled: set) -> float:
+def _flop_rate_for_ranks(by_rank: dict[int, pd.DataFrame], steps: pd.DataFrame, ranks: list[int],
+                         profiled: set) -> float:
     """Mean over these ranks of their GEMM and attention FLOPs per profiled step over the measured step time."""
-    rates = [flops_per_step(kernels, r) / span for r in ranks
-             if (kernels["rank"] == r).any() and (span := _measured_step_s(steps, r, profiled)) > 0]
+    rates = [_flops_per_step(by_rank[r]) / span for r in ranks
+             if r in by_rank and (span := _measured_step_s(steps, r, profiled)) > 0]
     return float(np.mean(rates)) if rates else 0.0
 
 
