@@ -123,6 +123,28 @@ def test_summary_statistics() -> None:
     assert s["replay_mape"] == pytest.approx(1.0) and s["replay_count"] == 1
 
 
+def test_repeated_configurations_are_reported_with_their_spread(tmp_path: Path) -> None:
+    """Runs sharing a configuration (twins, repeats) give the spread between their measured steps, in the
+    summary and in the reports; a configuration measured once gives none."""
+    import dataclasses
+
+    from calib.validation.types import repeats
+
+    twin = dataclasses.replace(_run("a2", HELDOUT, 1.2, 1.1), config="cfg-a")
+    runs = [_run("a", HELDOUT, 1.0, 1.1), _run("a", REPLAY, 1.0, 1.0), twin, _run("b", HELDOUT, 2.0, 2.0)]
+    rep = repeats(runs)
+    assert [(r["config"], r["runs"]) for r in rep] == [("cfg-a", ["a", "a2"])]
+    assert rep[0]["spread_pct"] == pytest.approx(20.0)
+    s = summarize(runs, real_bundles=3)
+    assert s["repeat_configs"] == 1 and s["repeat_spread_max"] == pytest.approx(20.0)
+    assert summarize(runs[:2], real_bundles=1)["repeat_spread_mean"] is None
+    report = ValidationReport(runs=runs, models=[], summary=s, calibration={})
+    paths = write_reports(report, tmp_path)
+    md = paths["md"].read_text()
+    assert "## Repeated configurations" in md and "| cfg-a | a, a2 | 1000.00, 1200.00 | 20.00% | +10.00%, -8.33% |" in md
+    assert "Repeated configurations" in paths["html"].read_text()
+
+
 def test_thresholds_file_is_valid_and_goals_not_enforced() -> None:
     t = load_thresholds(ROOT / "validation-thresholds.yaml")
     assert set(t.limits) >= {"heldout", "replay"}

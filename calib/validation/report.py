@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, RunError, ValidationReport
+from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, RunError, ValidationReport, repeats
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample"}
 KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray"}
@@ -120,6 +120,7 @@ def markdown(report: ValidationReport) -> str:
             f"{_spread(r)} | {_ms(r.predicted_step_s)} | "
             f"{_pct(r.error_pct, signed=True)} | {_cell(r.note)} |"
         )
+    lines += _repeat_lines(report)
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
     for m in report.models:
         lines.append(f"| {m.model} | {m.kind} | {_pct(m.mape)} | {_pct(m.max)} | {m.count} | {_cell(m.method)} |")
@@ -128,6 +129,33 @@ def markdown(report: ValidationReport) -> str:
     if report.notes:
         lines += ["", "## Notes", "", *(f"- {n}" for n in report.notes)]
     return "\n".join(lines) + "\n"
+
+
+REPEAT_TEXT = ("The same configuration measured more than once (its telemetry twin, or again on another lease): "
+               "spread = (max - min) / min of the runs' measured steps. No model enters it: a step-time error "
+               "of these configurations below it cannot be told from the measurement's own repeatability.")
+
+
+def _repeat_rows(report: ValidationReport) -> list[tuple[str, str, str, str, str]]:
+    """(configuration, runs, measured ms, spread between runs, held-out errors) per repeated configuration."""
+    held = {r.run: r.error_pct for r in report.runs if r.kind == HELDOUT}
+    rows = []
+    for rep in repeats(report.runs):
+        rows.append((rep["config"], ", ".join(rep["runs"]), ", ".join(_ms(t) for t in rep["measured_step_s"]),
+                     _pct(rep["spread_pct"]), ", ".join(_pct(held.get(k), signed=True) for k in rep["runs"])))
+    return rows
+
+
+def _repeat_lines(report: ValidationReport) -> list[str]:
+    rows = _repeat_rows(report)
+    if not rows:
+        return []
+    s = report.summary
+    return ["", "## Repeated configurations", "", REPEAT_TEXT,
+            f"Mean {_pct(s.get('repeat_spread_mean'))}, max {_pct(s.get('repeat_spread_max'))} over "
+            f"{s.get('repeat_configs', 0)} configurations.", "",
+            "| configuration | runs | measured ms | spread between runs | held-out error |",
+            "| --- | --- | --- | --- | --- |", *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows)]
 
 
 def print_table(report: ValidationReport, console: object | None = None) -> None:
@@ -153,6 +181,11 @@ def print_table(report: ValidationReport, console: object | None = None) -> None
     for row in summary_lines(report):
         s.add_row(*row)
     con.print(s)
+    rs = report.summary
+    if rs.get("repeat_configs"):
+        con.print(f"same configuration measured more than once: runs {_pct(rs['repeat_spread_mean'])} apart on mean, "
+                  f"{_pct(rs['repeat_spread_max'])} at most ({rs['repeat_configs']} configurations)",
+                  markup=False, highlight=False)
     if report.models:
         m = Table(title="per-model errors")
         for col in ("model", "kind", "MAPE", "max", "points"):
@@ -289,7 +322,13 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
                  f"{_ms(r.measured_step_s)} ({r.measured_steps})", _spread(r), _ms(r.predicted_step_s),
                  _pct(r.error_pct, signed=True), r.note)
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    body.append("</table><h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"
+    body.append("</table>")
+    if rows := _repeat_rows(report):
+        body.append(f"<h2>Repeated configurations</h2><p>{html.escape(REPEAT_TEXT)}</p><table><tr><th>configuration</th>"
+                    "<th>runs</th><th>measured ms</th><th>spread between runs</th><th>held-out error</th></tr>")
+        body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+        body.append("</table>")
+    body.append("<h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"
                 "<th>points</th><th>how</th></tr>")
     for m in report.models:
         cells = (m.model, m.kind, _pct(m.mape), _pct(m.max), str(m.count), m.method)

@@ -122,8 +122,26 @@ def relative_error_pct(predicted: float | None, measured: float) -> float | None
     return 100.0 * (predicted - measured) / measured
 
 
+def repeats(runs: list[RunError]) -> list[dict]:
+    """The configurations measured more than once (telemetry twins, repeats on other leases): each run's
+    measured step and how far apart they are, (max - min) / min in percent. No model enters it: it is
+    the floor under any step-time error of those configurations."""
+    measured: dict[str, dict[str, float]] = {}
+    for r in runs:
+        measured.setdefault(r.config, {})[r.run] = r.measured_step_s
+    out = []
+    for config, by_run in sorted(measured.items()):
+        if len(by_run) < 2:
+            continue
+        lo, hi = min(by_run.values()), max(by_run.values())
+        out.append({"config": config, "runs": sorted(by_run), "measured_step_s": [by_run[k] for k in sorted(by_run)],
+                    "spread_pct": 100.0 * (hi - lo) / lo})
+    return out
+
+
 def summarize(runs: list[RunError], real_bundles: int) -> dict:
-    """heldout/replay/in-sample mean and max absolute error (percent), and the runs/configs behind each."""
+    """heldout/replay/in-sample mean and max absolute error (percent), and the runs/configs behind each;
+    `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
     for kind, key in ((HELDOUT, "heldout"), (REPLAY, "replay"), (IN_SAMPLE, "in_sample")):
         rs = [r for r in runs if r.kind == kind and r.error_pct is not None]
@@ -135,4 +153,8 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
         missing = [r.run for r in runs if r.kind == kind and r.error_pct is None]
         out[f"{key}_missing"] = len(missing)
         out[f"{key}_missing_runs"] = missing
+    rep = [r["spread_pct"] for r in repeats(runs)]
+    out["repeat_configs"] = len(rep)
+    out["repeat_spread_mean"] = sum(rep) / len(rep) if rep else None
+    out["repeat_spread_max"] = max(rep) if rep else None
     return out
