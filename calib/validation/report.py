@@ -131,7 +131,8 @@ def markdown(report: ValidationReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-REPEAT_TEXT = ("The same configuration measured more than once (its telemetry twin, or again on another lease): "
+REPEAT_TEXT = ("The same configuration measured more than once (its telemetry twin, or the same run again, on the "
+               "same or another machine): "
                "spread = (max - min) / min of the runs' measured steps. No model enters it: a step-time error "
                "of these configurations below it cannot be told from the measurement's own repeatability.")
 
