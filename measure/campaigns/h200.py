@@ -153,6 +153,32 @@ TRAININGS += [
     ("mixtral-1gpu-s256-r11", MIX_S256, 1, 1, 1, 1, 2, 4, "none", []),
 ]
 
+# Round 12 (twenty-fourth session): does a scaled-down model keep the full model's bottlenecks? The
+# one-GPU configurations of rounds 3-4 again with more (and fewer) layers, all else equal, on one H200
+# (nvidia-h200): GPT-3 1.3B up to its full 24 layers, Llama-3 8B at 2 / 8 / 16 layers, GPT-3 6.7B at 8 / 16,
+# GPT-3 13B at 8, Mixtral at 1 / 3; `calib validate` reports each depth series (docs/validate.md,
+# "Scaled-down models").
+ROUND12 = ["gpt1.3b-1gpu-mbs4-L24", "gpt1.3b-1gpu-mbs4-L16", "llama8b-1gpu-mbs2-L16", "llama8b-1gpu-mbs2-L8",
+           "llama8b-1gpu-mbs2-L2", "gpt6.7b-1gpu-mbs4-rcfull-L16", "gpt6.7b-1gpu-mbs4-rcfull-L8",
+           "gpt13b-1gpu-mbs2-L8", "mixtral-1gpu-L3", "mixtral-1gpu-L1"]
+TRAININGS += [
+    ("gpt1.3b-1gpu-mbs4-L24", "gpt3-1.3b", 1, 1, 1, 1, 4, 16, "none", []),
+    ("gpt1.3b-1gpu-mbs4-L16", "gpt3-1.3b@L16", 1, 1, 1, 1, 4, 16, "none", []),
+    ("llama8b-1gpu-mbs2-L16", "llama3-8b@L16,S2048", 1, 1, 1, 1, 2, 8, "none", []),
+    ("llama8b-1gpu-mbs2-L8", "llama3-8b@L8,S2048", 1, 1, 1, 1, 2, 8, "none", []),
+    ("llama8b-1gpu-mbs2-L2", "llama3-8b@L2,S2048", 1, 1, 1, 1, 2, 8, "none", []),
+    ("gpt6.7b-1gpu-mbs4-rcfull-L16", "gpt3-6.7b@L16", 1, 1, 1, 1, 4, 8, "full", []),
+    ("gpt6.7b-1gpu-mbs4-rcfull-L8", "gpt3-6.7b@L8", 1, 1, 1, 1, 4, 8, "full", []),
+    ("gpt13b-1gpu-mbs2-L8", "gpt3-13b@L8", 1, 1, 1, 1, 2, 8, "none", []),
+    ("mixtral-1gpu-L3", "mixtral-8x7b@L3,S2048", 1, 1, 1, 1, 1, 4, "none", []),
+    ("mixtral-1gpu-L1", "mixtral-8x7b@L1,S2048", 1, 1, 1, 1, 1, 4, "none", []),
+]
+# The series' committed members again on the same lease (`-r12`), so that each series also has one
+# machine's runs only.
+ROUND12_BASE = ["gpt1.3b-1gpu-mbs4", "llama8b-1gpu-mbs2", "gpt6.7b-1gpu-mbs4-rcfull", "gpt13b-1gpu-mbs2", "mixtral-1gpu"]
+TRAININGS += [(f"{s[0]}-r12", *s[1:]) for s in TRAININGS if s[0] in ROUND12_BASE]
+ROUND12 += [f"{rid}-r12" for rid in ROUND12_BASE]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -218,6 +244,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND9[1:]]
     jobs += [t(r) for r in ROUND10[1:]]
     jobs += [t(r) for r in ROUND11]
+    jobs += [t(r) for r in ROUND12]
     return jobs
 
 
