@@ -28,6 +28,7 @@ import numpy as np
 from calib.bundle.io import Bundle, bundle_sha256, load_bundles, read_bundle
 from calib.errors import CalibError
 from calib.validation import engine
+from calib.validation.depth import depth_series, depth_summary
 from calib.validation.measured import (
     et_breakdown_s,
     is_real_gpu,
@@ -283,10 +284,14 @@ def run_validation(
         runs += runs_h
     models += _calibration_model_errors(cal)
 
-    summary = summarize(runs, real_bundles=len(training))
+    series = depth_series(runs)
+    summary = summarize(runs, real_bundles=len(training)) | depth_summary(series)
     thresholds = _thresholds(thresholds_path, notes)
+    if thresholds is not None:
+        thresholds = thresholds.for_family(cal_info.get("gpu_family"))
     report = ValidationReport(
         runs=runs, models=models, summary=summary, calibration=cal_info, excluded=excluded, notes=notes,
+        depth=[s.to_dict() for s in series],
         thresholds=thresholds.limits if thresholds else {}, goals=thresholds.goals if thresholds else {},
         created_utc=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )

@@ -145,11 +145,71 @@ def test_repeated_configurations_are_reported_with_their_spread(tmp_path: Path) 
     assert "Repeated configurations" in paths["html"].read_text()
 
 
+def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path: Path) -> None:
+    """Runs of one configuration at several layer counts make a series: the measured line, how far the
+    steps stray from it, the held-out line and its per-layer error; a configuration measured at one
+    depth, or a model that is not a preset, makes none."""
+    import dataclasses
+
+    from calib.validation.depth import depth_series, depth_summary
+
+    rest = "tp1/pp1/dp1/ep1/vpp1/sp0/mbs2/gbs8/seq2048/bf16/rc-none/og0/op0/do0"
+
+    def at(layers: int, measured: float, predicted: float, run: str = "") -> RunError:
+        model = f"llama3-8b@L{layers},S2048"
+        return dataclasses.replace(_run(run or f"l{layers}", HELDOUT, measured, predicted), model=model,
+                                   config=f"{model}/{rest}")
+
+    # measured 0.1 + 0.075 x L except L8 at +1 %; held-out 0.1 + 0.08 x L
+    runs = [at(2, 0.25, 0.26), at(4, 0.40, 0.42), at(4, 0.40, 0.42, run="l4-again"), at(8, 0.707, 0.74),
+            at(16, 1.30, 1.38), _run("other", HELDOUT, 1.0, 1.0),
+            dataclasses.replace(_run("l4-replay", REPLAY, 9.0, 9.0), model="llama3-8b@L4,S2048",
+                                config=f"llama3-8b@L4,S2048/{rest}")]
+    [s] = depth_series(runs)
+    assert s.series == f"llama3-8b@L*,S2048/{rest}"
+    assert [p.layers for p in s.points] == [2, 4, 8, 16] and s.points[1].runs == ["l4", "l4-again"]
+    assert s.per_layer_s == pytest.approx(0.075, rel=0.01) and s.fixed_s == pytest.approx(0.1, rel=0.05)
+    assert 0.5 < s.linearity_pct < 1.5
+    assert s.heldout_per_layer_s == pytest.approx(0.08, rel=1e-6)
+    assert s.per_layer_error_pct == pytest.approx(100 * (0.08 - s.per_layer_s) / s.per_layer_s)
+    assert s.points[0].compute_share == pytest.approx(0.8)
+    assert depth_series([at(4, 0.4, 0.42), _run("other", HELDOUT, 1.0, 1.0)]) == []
+    summary = summarize(runs, real_bundles=6) | depth_summary([s])
+    assert summary["depth_series"] == 1 and summary["depth_per_layer_error_max"] == pytest.approx(
+        abs(s.per_layer_error_pct))
+    assert depth_summary([])["depth_linearity_max"] is None
+    report = ValidationReport(runs=runs, models=[], summary=summary, calibration={}, depth=[s.to_dict()])
+    paths = write_reports(report, tmp_path)
+    md = paths["md"].read_text()
+    assert "## Scaled-down models (depth series)" in md and "| 16 | l16 | 1300.00 | 80% | 1380.00 | +6.15% |" in md
+    assert "scaled-down models by depth" in paths["html"].read_text()
+    assert json.loads(paths["json"].read_text())["depth_series"][0]["points"][3]["layers"] == 16
+
+
 def test_thresholds_file_is_valid_and_goals_not_enforced() -> None:
     t = load_thresholds(ROOT / "validation-thresholds.yaml")
     assert set(t.limits) >= {"heldout", "replay"}
     assert t.goals["heldout"] == {"mean_pct": 3.0, "max_pct": 6.0}
     assert t.goals["replay"]["mean_pct"] == 2.0
+
+
+def test_a_gpu_family_can_have_limits_of_its_own(tmp_path: Path) -> None:
+    """`by_gpu` replaces the common limits for that family's bundles only; a bad entry is one clear error."""
+    f = tmp_path / "t.yaml"
+    f.write_text("schema: calib.validation-thresholds/1\nthresholds:\n  heldout: {mean_pct: 3.5, max_pct: 27.0}\n"
+                 "  replay: {mean_pct: 3.2, max_pct: 20.0, missing: 0}\n"
+                 "by_gpu:\n  h100: {heldout: {mean_pct: 4.8}, replay: {max_pct: 25.6}}\n")
+    t = load_thresholds(f)
+    h100 = t.for_family("h100")
+    assert h100.limits["heldout"] == {"mean_pct": 4.8, "max_pct": 27.0}
+    assert h100.limits["replay"] == {"mean_pct": 3.2, "max_pct": 25.6, "missing": 0.0}
+    assert t.for_family("h200") is t and t.for_family(None) is t and t.limits["heldout"]["mean_pct"] == 3.5
+    summary = summarize([_run("a", HELDOUT, 1.0, 1.045), _run("a", REPLAY, 1.0, 1.01)], real_bundles=1)
+    assert violations(summary, h100) == [] and len(violations(summary, t)) == 1
+    f.write_text("schema: calib.validation-thresholds/1\nthresholds:\n  heldout: {mean_pct: 3.5}\n"
+                 "by_gpu:\n  h100: {heldout: {mean: 4.8}}\n")
+    with pytest.raises(CalibError, match="by_gpu.h100.heldout.mean is not one of"):
+        load_thresholds(f)
 
 
 def test_check_fails_when_a_mean_or_max_exceeds_its_threshold() -> None:

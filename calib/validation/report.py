@@ -121,6 +121,7 @@ def markdown(report: ValidationReport) -> str:
             f"{_pct(r.error_pct, signed=True)} | {_cell(r.note)} |"
         )
     lines += _repeat_lines(report)
+    lines += _depth_lines(report)
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
     for m in report.models:
         lines.append(f"| {m.model} | {m.kind} | {_pct(m.mape)} | {_pct(m.max)} | {m.count} | {_cell(m.method)} |")
@@ -147,16 +148,56 @@ def _repeat_rows(report: ValidationReport) -> list[tuple[str, str, str, str, str
     return rows
 
 
-def _repeat_lines(report: ValidationReport) -> list[str]:
-    rows = _repeat_rows(report)
+REPEAT_HEAD = ("configuration", "runs", "measured ms", "spread between runs", "held-out error")
+
+
+def _section(title: str, text: str, figures: str, head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown section: title, what it shows, its figures, its table (nothing without rows)."""
     if not rows:
         return []
+    return ["", f"## {title}", "", text, figures, "", f"| {' | '.join(head)} |", "| --- " * len(head) + "|",
+            *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows)]
+
+
+def _repeat_lines(report: ValidationReport) -> list[str]:
     s = report.summary
-    return ["", "## Repeated configurations", "", REPEAT_TEXT,
-            f"Mean {_pct(s.get('repeat_spread_mean'))}, max {_pct(s.get('repeat_spread_max'))} over "
-            f"{s.get('repeat_configs', 0)} configurations.", "",
-            "| configuration | runs | measured ms | spread between runs | held-out error |",
-            "| --- | --- | --- | --- | --- |", *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows)]
+    return _section("Repeated configurations", REPEAT_TEXT,
+                    f"Mean {_pct(s.get('repeat_spread_mean'))}, max {_pct(s.get('repeat_spread_max'))} over "
+                    f"{s.get('repeat_configs', 0)} configurations.", REPEAT_HEAD, _repeat_rows(report))
+
+
+DEPTH_TEXT = ("Each series is one configuration measured at several layer counts, all else equal (the scaling-down "
+              "rule of calib.workload.models). Measured step = fixed + per layer x layers (least squares); linearity "
+              "= the largest distance of a measured step from that line. The held-out predictions get the same line; "
+              "per-layer error = held-out per-layer time against the measured one, the part of the error a "
+              "projection to the full depth multiplies. Compute share = the profiled step's GPU kernel time over "
+              "the measured step (near 100%: GPU-bound).")
+DEPTH_HEAD = ("series", "layers", "runs", "measured ms", "compute share", "held-out ms", "held-out error")
+
+
+def _depth_rows(report: ValidationReport) -> list[tuple[str, ...]]:
+    """One row per depth of every series, then the series' lines: measured, held-out, per-layer error."""
+    rows: list[tuple[str, ...]] = []
+    for s in report.depth:
+        for p in s["points"]:
+            share = p.get("compute_share")
+            rows.append((s["series"], str(p["layers"]), ", ".join(p["runs"]), _ms(p["measured_step_s"]),
+                         "n/a" if share is None else f"{100 * share:.0f}%", _ms(p["heldout_step_s"]),
+                         _pct(p["heldout_error_pct"], signed=True)))
+        held = ("n/a" if s["heldout_per_layer_s"] is None else
+                f"{_ms(s['heldout_fixed_s'])} + {_ms(s['heldout_per_layer_s'])} per layer")
+        rows.append((s["series"], "line", f"linear within {_pct(s['linearity_pct'])}",
+                     f"{_ms(s['fixed_s'])} + {_ms(s['per_layer_s'])} per layer", "", held,
+                     f"per layer {_pct(s['per_layer_error_pct'], signed=True)}"))
+    return rows
+
+
+def _depth_lines(report: ValidationReport) -> list[str]:
+    s = report.summary
+    return _section("Scaled-down models (depth series)", DEPTH_TEXT,
+                    f"{s.get('depth_series', 0)} series; per-layer error at most "
+                    f"{_pct(s.get('depth_per_layer_error_max'))}, measured steps within "
+                    f"{_pct(s.get('depth_linearity_max'))} of their lines.", DEPTH_HEAD, _depth_rows(report))
 
 
 def print_table(report: ValidationReport, console: object | None = None) -> None:
@@ -187,6 +228,10 @@ def print_table(report: ValidationReport, console: object | None = None) -> None
         con.print(f"same configuration measured more than once: runs {_pct(rs['repeat_spread_mean'])} apart on mean, "
                   f"{_pct(rs['repeat_spread_max'])} at most ({rs['repeat_configs']} configurations)",
                   markup=False, highlight=False)
+    if rs.get("depth_series"):
+        con.print(f"scaled-down models: {rs['depth_series']} depth series, per-layer error at most "
+                  f"{_pct(rs['depth_per_layer_error_max'])}, measured steps within {_pct(rs['depth_linearity_max'])} "
+                  "of a line in the layer count", markup=False, highlight=False)
     if report.models:
         m = Table(title="per-model errors")
         for col in ("model", "kind", "MAPE", "max", "points"):
@@ -300,7 +345,29 @@ def plots(report: ValidationReport) -> dict[str, bytes]:
                title="time breakdown: measured ET (plain) vs simulated replay (hatched), busy time by category")
         ax.legend(fontsize=7)
         out["time breakdown measured vs simulated"] = png(fig)
+    if report.depth:
+        fig, ax = subplots(figsize=(7, 4.5))
+        cmap = matplotlib.colormaps["tab10"]
+        for i, s in enumerate(report.depth):
+            layers = [p["layers"] for p in s["points"]]
+            color = cmap(i % 10)
+            ax.plot(layers, [1e3 * p["measured_step_s"] for p in s["points"]], "o", color=color,
+                    label=s["series"].split("/", 1)[0])
+            ax.plot(layers, [1e3 * (s["fixed_s"] + s["per_layer_s"] * n) for n in layers], "-", color=color, lw=0.8)
+            held = [(n, p["heldout_step_s"]) for n, p in zip(layers, s["points"], strict=True) if p["heldout_step_s"]]
+            if held:
+                ax.plot([n for n, _ in held], [1e3 * t for _, t in held], "x--", color=color, lw=0.8)
+        ax.set(xlabel="layers", ylabel="step time (ms)",
+               title="scaled-down models: measured (o, least-squares line) and held-out (x, dashed) by depth")
+        ax.legend(fontsize=7)
+        out["scaled-down models by depth"] = png(fig)
     return out
+
+
+def _html_section(title: str, text: str, head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    return [f"<h2>{html.escape(title)}</h2><p>{html.escape(text)}</p><table><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>",
+            *("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows), "</table>"]
 
 
 def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
@@ -325,10 +392,9 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     body.append("</table>")
     if rows := _repeat_rows(report):
-        body.append(f"<h2>Repeated configurations</h2><p>{html.escape(REPEAT_TEXT)}</p><table><tr><th>configuration</th>"
-                    "<th>runs</th><th>measured ms</th><th>spread between runs</th><th>held-out error</th></tr>")
-        body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
-        body.append("</table>")
+        body += _html_section("Repeated configurations", REPEAT_TEXT, REPEAT_HEAD, rows)
+    if rows := _depth_rows(report):
+        body += _html_section("Scaled-down models (depth series)", DEPTH_TEXT, DEPTH_HEAD, rows)
     body.append("<h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"
                 "<th>points</th><th>how</th></tr>")
     for m in report.models:

@@ -4,8 +4,10 @@ Thresholds are percentages on the step-time errors of the summary: `mean_pct` bo
 absolute error (the summary's `<kind>_mape`), `max_pct` the largest one (`<kind>_max`), for each
 kind (heldout, replay); `missing` is how many runs may lack a figure of that kind (0 when not
 given: a run that cannot be validated must not pass silently). They are set at what
-calib reaches now, rounded up a little, and only ever lowered. `goals` are the targets of the
-project: printed beside the thresholds, never enforced.
+calib reaches now, rounded up a little, and only ever lowered. `by_gpu` (optional) maps a GPU family
+(`h100`, as calib.validation.engine.gpu_family names it) to limits of its own, which replace the common
+ones for that family's bundles: a family with other runs is held to what it reaches, and the others keep
+theirs. `goals` are the targets of the project: printed beside the thresholds, never enforced.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ class Thresholds:
     limits: dict[str, dict[str, float]]  # kind -> "mean_pct" | "max_pct" -> percent
     goals: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = ""
+    by_family: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # `by_gpu`
+
+    def for_family(self, family: str | None) -> Thresholds:
+        """The limits one GPU family's bundles are held to: its `by_gpu` entries over the common ones."""
+        own = self.by_family.get(family or "")
+        if not own:
+            return self
+        limits = {kind: dict(stats) for kind, stats in self.limits.items()}
+        for kind, stats in own.items():
+            limits.setdefault(kind, {}).update(stats)
+        return Thresholds(limits=limits, goals=self.goals, source=f"{self.source}, by_gpu.{family}")
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
@@ -41,7 +54,11 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     if not limits:
         raise CalibError(f"thresholds file {p}: no thresholds set")
     goals = _section(data.get("goals") or {}, p, "goals")
-    return Thresholds(limits=limits, goals=goals, source=str(p))
+    by_gpu = data.get("by_gpu") or {}
+    if not isinstance(by_gpu, dict):
+        raise CalibError(f"thresholds file {p}: by_gpu must map GPU families (h100, h200, ...) to thresholds")
+    by_family = {str(fam): _section(raw, p, f"by_gpu.{fam}") for fam, raw in by_gpu.items()}
+    return Thresholds(limits=limits, goals=goals, source=str(p), by_family=by_family)
 
 
 def _section(raw: object, p: Path, name: str) -> dict[str, dict[str, float]]:

@@ -92,6 +92,7 @@ class ValidationReport:
     thresholds: dict = field(default_factory=dict)
     goals: dict = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    depth: list[dict] = field(default_factory=list)  # calib.validation.depth.DepthSeries.to_dict(), per series
     created_utc: str = ""
     wall_s: float = 0.0
 
@@ -110,6 +111,7 @@ class ValidationReport:
             "violations": self.violations,
             "runs": [r.to_dict() for r in self.runs],
             "models": [m.to_dict() for m in self.models],
+            "depth_series": self.depth,
             "excluded": self.excluded,
             "notes": self.notes,
             "wall_s": self.wall_s,
