@@ -100,11 +100,18 @@ def test_h200_runs_throttle_with_their_gemm_share(h200_points) -> None:
     assert moe.ratio == 1.0 and model.slowdown(moe.share) == 1.0
 
 
-def test_h100_runs_fit_flat() -> None:
+def test_h100_clock_slows_only_where_that_beats_no_slowdown() -> None:
+    """The H100 runs barely throttle (profiled over measured SM clock 1.000-1.024): the fit keeps a hinge
+    only where it predicts held-out runs better than no slowdown at all, and then a small one."""
     if not (TRACES / "h100").is_dir():
         pytest.skip("no committed H100 bundles")
-    model, err = ClockModel.fit(clock_points(load_bundles([TRACES / "h100"])))
-    assert model.slope == 0 and "no slowdown" in err.method
+    points = clock_points(load_bundles([TRACES / "h100"]))
+    assert max(p.ratio for p in points) < 1.03
+    model, err = ClockModel.fit(points)
+    if model.slope == 0:
+        assert "no slowdown" in err.method
+    else:
+        assert err.mape < model.flat_mape and model.slope * (model.top - model.knee) < 0.03
 
 
 def test_run_slowdown_measured_or_modelled(h200_points) -> None:
