@@ -43,6 +43,22 @@ def _stage(rank: int, what: str, t0: float) -> None:
         print(f"[rank 0 +{time.monotonic() - t0:7.2f}s] {what}", file=sys.stderr, flush=True)
 
 
+def memory_probe(at: str, cuda: bool) -> dict:
+    """The device's used memory beside what torch's caching allocator holds, between steps.
+
+    What the device uses beyond the allocator's reserve (CUDA context, NCCL and library buffers,
+    loaded kernels) is what an out-of-memory verdict from allocator bytes alone misses. Device-wide
+    (cudaMemGetInfo): one process per GPU, as `calib measure` runs them."""
+    if not cuda:
+        return {"at": at, "used_bytes": 0, "reserved_bytes": 0, "total_bytes": 0}
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    # `total` is what the device lets a process use (79.2 GiB on an H100 whose total_memory is 79.6).
+    return {"at": at, "used_bytes": int(total - free), "reserved_bytes": int(torch.cuda.memory_reserved()),
+            "total_bytes": int(total)}
+
+
 def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) -> None:
     t0 = req.t0_monotonic
     _stage(rank, "worker started", t0)
@@ -72,11 +88,13 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
 
     _stage(rank, f"model built ({info.get('backend')})", t0)
     rows: list[dict] = []
+    probes: list[dict] = []
     for _ in range(req.warmup):
         step()
     sync()
     n = req.warmup
     _stage(rank, "warm-up done", t0)
+    probes.append(memory_probe("warm-up", cuda))
 
     def timed_step(profiled: bool) -> None:
         nonlocal n
@@ -90,6 +108,7 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
 
     for _ in range(req.steps):
         timed_step(False)
+    probes.append(memory_probe("measured steps", cuda))
     profiled: list[int] = []
     if req.profile_steps > 0:
         from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
@@ -107,10 +126,14 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
         _stage(rank, "Kineto trace written", t0)
         with contextlib.suppress(Exception):  # already stopped by profile() on some torch versions
             et.unregister_callback()
+        probes.append(memory_probe("profiled steps", cuda))
     memory = {"rank": rank, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0}
     if cuda:
         memory["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
         memory["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        memory["outside_allocator_bytes"] = max(p["used_bytes"] - p["reserved_bytes"] for p in probes)
+        memory["device_used_bytes"] = max(p["used_bytes"] for p in probes)
+        memory["probes"] = probes
     result = {
         "rank": rank, "world": world, "steps": rows, "profiled": profiled, "memory": memory,
         "software": software_versions() if rank == 0 else {}, "info": info,

@@ -118,6 +118,11 @@ class RankMemory:
     rank: int = 0
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
+    # Device memory used beyond torch's reserve, the most seen at the probes between steps
+    # (measure.worker.memory_probe); 0 = not recorded (bundles before the twenty-fifth session, CPU).
+    outside_allocator_bytes: int = 0
+    device_used_bytes: int = 0  # device-wide used memory, the most seen at the probes
+    probes: list[dict] = field(default_factory=list)  # [{at, used_bytes, reserved_bytes}]
 
 
 @dataclass

@@ -179,6 +179,28 @@ ROUND12_BASE = ["gpt1.3b-1gpu-mbs4", "llama8b-1gpu-mbs2", "gpt6.7b-1gpu-mbs4-rcf
 TRAININGS += [(f"{s[0]}-r12", *s[1:]) for s in TRAININGS if s[0] in ROUND12_BASE]
 ROUND12 += [f"{rid}-r12" for rid in ROUND12_BASE]
 
+# Round 13: committed configurations again with the memory probes (measure.worker.memory_probe), for
+# the device memory outside torch's allocator that the out-of-memory verdict had not counted.
+ROUND13_BASE = ["llama8b-1gpu-mbs2-L8", "gpt6.7b-1gpu-mbs4-rcfull-L16", "gpt13b-1gpu-mbs2-L8", "mixtral-1gpu",
+                "gpt1.3b-1gpu-mbs4", "llama8b-1gpu-mbs2-L2", "gpt6.7b-1gpu-mbs4-rcfull-L8", "mixtral-1gpu-L1"]
+TRAININGS += [(f"{s[0]}-r13", *s[1:]) for s in TRAININGS if s[0] in ROUND13_BASE]
+ROUND13 = [f"{rid}-r13" for rid in ROUND13_BASE]
+
+# Round 14: one-GPU depths on the H100 around its memory's edge, each predicted `fits`, `tight` or
+# `out of memory` by the memory model before it ran (traces/README.md, round 14).
+ROUND14 = ["llama8b-1gpu-mbs2-L6", "llama8b-1gpu-mbs2-L7", "gpt6.7b-1gpu-mbs4-rcfull-L12",
+           "gpt6.7b-1gpu-mbs4-rcfull-L14", "gpt1.3b-1gpu-mbs4-L20", "gpt1.3b-1gpu-mbs4-L22", "gpt13b-1gpu-mbs2-L8-r14",
+           "mixtral-1gpu-r14"]
+TRAININGS += [
+    ("llama8b-1gpu-mbs2-L6", "llama3-8b@L6,S2048", 1, 1, 1, 1, 2, 8, "none", []),
+    ("llama8b-1gpu-mbs2-L7", "llama3-8b@L7,S2048", 1, 1, 1, 1, 2, 8, "none", []),
+    ("gpt6.7b-1gpu-mbs4-rcfull-L12", "gpt3-6.7b@L12", 1, 1, 1, 1, 4, 8, "full", []),
+    ("gpt6.7b-1gpu-mbs4-rcfull-L14", "gpt3-6.7b@L14", 1, 1, 1, 1, 4, 8, "full", []),
+    ("gpt1.3b-1gpu-mbs4-L20", "gpt3-1.3b@L20", 1, 1, 1, 1, 4, 16, "none", []),
+    ("gpt1.3b-1gpu-mbs4-L22", "gpt3-1.3b@L22", 1, 1, 1, 1, 4, 16, "none", []),
+]
+TRAININGS += [(f"{s[0]}-r14", *s[1:]) for s in TRAININGS if s[0] in ("gpt13b-1gpu-mbs2-L8", "mixtral-1gpu")]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -245,6 +267,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND10[1:]]
     jobs += [t(r) for r in ROUND11]
     jobs += [t(r) for r in ROUND12]
+    jobs += [t(r) for r in ROUND13]
+    jobs += [t(r) for r in ROUND14]
     return jobs
 
 
