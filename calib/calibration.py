@@ -6,6 +6,8 @@
     kernel:      KernelModel.to_dict()                 (peaks, per-class curves)
     network:     CollectiveModel.to_dict()             (series per domain/kind/group size, astra_sim)
     power:       PowerModel.to_dict()
+    host:        HostModel.to_dict()
+    memory:      MemoryModel.to_dict() + held_out      (allocator reserve, memory outside the allocator)
     errors:      {model: {mape, max, count, method}}   percent, cross-validated unless method says so
     validation:  {heldout_mape, heldout_max, replay_mape, replay_max, runs}   written by `calib validate`
     provenance:  {parameter: "calibrated: <bundle ids>" | "configured: <source>" | "not calibrated: <why>"}
@@ -30,6 +32,7 @@ from calib.models.clock import ClockModel
 from calib.models.common import ErrorStat
 from calib.models.host import HostModel
 from calib.models.kernel import KernelModel
+from calib.models.memory import MemoryModel
 from calib.models.network import CollectiveModel
 from calib.models.power import PowerModel
 from calib.sim.config import Dim, NetworkConfig, SystemConfig
@@ -47,6 +50,7 @@ class Calibration:
     network: dict = field(default_factory=dict)
     power: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)  # HostModel.to_dict() (calib.models.host); {} = GPU-bound
+    memory: dict = field(default_factory=dict)  # MemoryModel.to_dict() + held_out (calib.models.memory)
     errors: dict[str, ErrorStat] = field(default_factory=dict)
     validation: dict = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
@@ -88,6 +92,10 @@ class Calibration:
         if not self.host:
             raise CalibError(f"calibration {self.source or self.gpu}: has no host model ({self._why('host')})")
         return HostModel.from_dict(self.host)
+
+    def memory_model(self) -> MemoryModel | None:
+        """The allocator's reserve and the memory outside it, None in files from before they were fitted."""
+        return MemoryModel.from_dict(self.memory) if self.memory else None
 
     def _why(self, section: str) -> str:
         return self.provenance.get(section, "not fitted")
@@ -153,6 +161,7 @@ class Calibration:
             "network": self.network,
             "power": self.power,
             "host": self.host,
+            "memory": self.memory,
             "errors": {k: (v.to_dict() if isinstance(v, ErrorStat) else dict(v)) for k, v in self.errors.items()},
             "validation": self.validation,
             "provenance": self.provenance,
@@ -173,13 +182,13 @@ class Calibration:
                 errors[str(name)] = ErrorStat.from_dict(e)
             except (KeyError, TypeError, ValueError):
                 raise CalibError(f"{source}: errors.{name} needs mape, max, count and method") from None
-        for sec in (*SECTIONS, "host"):
+        for sec in (*SECTIONS, "host", "memory"):
             if data.get(sec) is not None and not isinstance(data.get(sec), dict):
                 raise CalibError(f"{source}: section {sec} must be a mapping")
         return cls(
             gpu=str(data["gpu"]), bundles=list(data.get("bundles") or []), kernel=dict(data.get("kernel") or {}),
             network=dict(data.get("network") or {}), power=dict(data.get("power") or {}),
-            host=dict(data.get("host") or {}), errors=errors,
+            host=dict(data.get("host") or {}), memory=dict(data.get("memory") or {}), errors=errors,
             validation=dict(data.get("validation") or {}), provenance=dict(data.get("provenance") or {}),
             created_utc=str(data.get("created_utc") or ""), calib_version=str(data.get("calib") or ""),
             source=source,
@@ -192,7 +201,7 @@ class Calibration:
         cal = cls.from_dict(data, source=str(p))
         try:  # the models must load too: a file whose sections are malformed is refused now
             for sec, build in (("kernel", cal.kernel_model), ("network", cal.network_model), ("power", cal.power_model),
-                               ("host", cal.host_model)):
+                               ("host", cal.host_model), ("memory", cal.memory_model)):
                 if getattr(cal, sec):
                     build()
         except (KeyError, TypeError, ValueError, IndexError) as exc:

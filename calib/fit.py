@@ -34,6 +34,7 @@ from calib.models.kernel import (
     shape_keys,
     shape_table,
 )
+from calib.models.memory import MemoryModel, MemoryPoint, memory_errors
 from calib.models.network import (
     ASTRA_KINDS,
     MIN_SERIES_POINTS,
@@ -722,6 +723,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         prov["power"] = "not calibrated: no training bundle with telemetry and profiled kernels"
 
     _fit_host_section(cal, chosen, opts)
+    _fit_memory_section(cal, chosen)
 
     if not (cal.kernel or cal.network or cal.power):
         raise CalibError(f"nothing to fit in {_ids(chosen)}: no kernels, collectives or telemetry")
@@ -741,6 +743,48 @@ def _fit_clock_section(cal: Calibration, chosen: list[Bundle]) -> None:
     cal.errors["power.clock_slowdown"] = err
     what = "calibrated" if clock.slows else "calibrated flat (no slowdown: the hinge did no better held out)"
     cal.provenance["power.clock"] = f"{what}: {_short([p.bundle for p in points])}"
+
+
+def memory_points(bundles: Sequence[Bundle]) -> list[MemoryPoint]:
+    """One point per complete GPU training bundle that recorded its ranks' memory."""
+    from calib.validation.engine import model_of, parallel_of
+    from calib.workload.memory import estimate
+
+    points = []
+    for b in bundles:
+        mem, spec = b.manifest.memory, b.manifest.spec
+        if b.manifest.kind != "training" or spec is None or not mem or b.manifest.gpu.vendor == "cpu":
+            continue
+        allocated = max(m.peak_allocated_bytes for m in mem)
+        if allocated <= 0:
+            continue
+        outside = [m.outside_allocator_bytes for m in mem if m.device_used_bytes > 0]
+        est = estimate(model_of(spec), parallel_of(spec), float(b.manifest.gpu.memory_bytes or 0))
+        points.append(MemoryPoint(b.id, spec.key(), est.total_bytes, float(allocated),
+                                  float(max(m.peak_reserved_bytes for m in mem)),
+                                  float(max(outside)) if outside else None, float(b.manifest.gpu.memory_bytes or 0)))
+    return points
+
+
+def _fit_memory_section(cal: Calibration, chosen: list[Bundle]) -> None:
+    """The allocator's reserve and the memory outside it (calib.models.memory), for the verdict."""
+    points = memory_points(chosen)
+    try:
+        model = MemoryModel.fit(points)
+    except CalibError as exc:
+        cal.provenance["memory"] = f"not calibrated: {exc}"
+        return
+    errors, held = memory_errors(points)
+    cal.memory = {**model.to_dict(), "held_out": held}
+    cal.errors.update(errors)
+    cal.provenance["memory.reserve_ratio"] = f"calibrated: {_short(model.bundles)}"
+    if model.capacity_bytes > 0:
+        cal.provenance["memory.capacity_bytes"] = f"calibrated: the device total CUDA reported in {_short(model.bundles)}"
+    with_outside = [p.bundle for p in points if p.outside_bytes is not None]
+    cal.provenance["memory.outside_allocator_bytes"] = (
+        f"calibrated: {_short(with_outside)}" if with_outside else
+        "not calibrated: no bundle recorded the memory outside torch's allocator (measured from the "
+        "twenty-fifth session on); counted as 0")
 
 
 def _fit_host_section(cal: Calibration, chosen: list[Bundle], opts: FitOptions) -> None:

@@ -22,6 +22,7 @@ import pandas as pd
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
 from calib.models.clock import ClockModel, throttled
+from calib.models.memory import MemoryModel, device_memory
 from calib.sim import BACKENDS, simulate
 from calib.sim.config import NetworkConfig, SystemConfig
 from calib.sim.types import SimResult
@@ -60,6 +61,20 @@ def roofline_kernel_time(cluster: ClusterPreset) -> KernelTime:
     return predict
 
 
+def calibrated_memory(calibration: object | None) -> MemoryModel | None:
+    """The calibration's memory model; None without a calibration or in files from before it."""
+    get = getattr(calibration, "memory_model", None)
+    return get() if callable(get) else None
+
+
+def memory_capacity(cluster: ClusterPreset, memory: MemoryModel | None, mismatch: bool) -> tuple[float, bool]:
+    """The GPU's memory in bytes, and whether it was measured: the calibration's device total where it
+    was fitted on this GPU model, else the cluster preset's datasheet figure."""
+    if memory is not None and memory.capacity_bytes > 0 and not mismatch:
+        return memory.capacity_bytes, True
+    return cluster.hbm_bytes, False
+
+
 @dataclass
 class ProjectionResult:
     """What `calib project` reports; units in the key names (SI; memory in GiB as the issue names it)."""
@@ -74,6 +89,7 @@ class ProjectionResult:
     memory_gib_per_gpu: float
     memory_detail_gib: dict[str, float]
     fits_in_memory: bool
+    memory_verdict: str  # calib.models.memory.VERDICTS: fits | tight | out of memory
     energy_j_per_step: float | None
     avg_power_w: float | None
     peak_power_w: float | None
@@ -94,6 +110,7 @@ class ProjectionResult:
             "memory_gib_per_gpu": self.memory_gib_per_gpu,
             "memory_detail_gib": dict(self.memory_detail_gib),
             "fits_in_memory": self.fits_in_memory,
+            "memory_verdict": self.memory_verdict,
             "energy_j_per_step": self.energy_j_per_step,
             "avg_power_w": self.avg_power_w,
             "peak_power_w": self.peak_power_w,
@@ -201,8 +218,10 @@ def project(
         calibrated.append("network.endpoint_delay and collective implementations (calibration domain intra)")
     else:
         configured.append(f"network.endpoint_delay: {prov['network.endpoint_delay'].source}")
+    memory = calibrated_memory(calibration)
+    capacity, measured_capacity = memory_capacity(cluster, memory, mismatch)
     for key, v in prov.items():
-        if key.startswith(("processor.", "memory.")):
+        if key.startswith(("processor.", "memory.")) and not (key == "memory.hbm_bytes" and measured_capacity):
             configured.append(f"{key}: {v.source}")
 
     # The power cap's clock (calib.models.clock) is settled on the embedded simulator, so that the
@@ -236,8 +255,18 @@ def project(
         raise CalibError("simulation returned a zero step time")
 
     breakdown, critical_stage = _breakdown(gen, result, par)
-    mem = memory_model.estimate(model, par, cluster.hbm_bytes)
-    configured.append("memory: Megatron model-state bytes and Korthikanti et al. 2022 activations (no measured memory)")
+    mem = memory_model.estimate(model, par, capacity)
+    device = device_memory(mem.total_bytes, capacity, memory)
+    configured.append("memory: Megatron model-state bytes and Korthikanti et al. 2022 activations")
+    if measured_capacity:
+        calibrated.append("memory.hbm_bytes (the device total the bundles' CUDA reported)")
+    if device.calibrated:
+        calibrated.append("memory model: the allocator's reserve and the memory outside it")
+        if mismatch:
+            transferred.append(f"memory model (fitted on {calibration.gpu})")  # type: ignore[union-attr]
+    else:
+        notes.append("no calibrated memory model: the verdict counts torch's allocated bytes only, not its "
+                     "reserve or the CUDA context and NCCL buffers outside it")
     tokens = par.global_batch * model.seq_length
     tflops = gen.model_flops / step / gpus / 1e12
     mfu = gen.model_flops / (step * gpus * cluster.peak_flops_per_s)
@@ -278,9 +307,11 @@ def project(
             "weights": mem.weights_bytes / GIB, "grads": mem.grads_bytes / GIB, "optimizer": mem.optimizer_bytes / GIB,
             "activations": mem.activations_bytes / GIB, "transient": mem.working_bytes / GIB,
             "optimizer_step_transient": mem.optimizer_step_bytes / GIB, "capacity": mem.capacity_bytes / GIB,
-            "peak_stage": mem.stage,
+            "peak_stage": mem.stage, "outside_allocator": device.outside_bytes / GIB,
+            "device_low": device.low_bytes / GIB, "device_high": device.high_bytes / GIB,
         },
-        fits_in_memory=mem.fits, energy_j_per_step=energy, avg_power_w=avg_w, peak_power_w=peak_w, error_band=band,
+        memory_verdict=device.verdict, fits_in_memory=device.fits, energy_j_per_step=energy, avg_power_w=avg_w,
+        peak_power_w=peak_w, error_band=band,
         calibrated=calibrated, configured=configured, transferred=transferred, notes=notes,
         sim={
             "rank_classes": len(gen.workload.classes),

@@ -51,8 +51,14 @@ def projection_table(r: ProjectionResult) -> Table:
         if key in r.breakdown_s:
             v = r.breakdown_s[key]
             t.add_row(f"  {key.replace('_', ' ')}", f"{_fmt_s(v)} ({100 * v / r.step_time_s:.1f}%)")
-    verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
-    t.add_row("peak memory per GPU", f"{r.memory_gib_per_gpu:.1f} GiB of {r.memory_detail_gib['capacity']:.1f} ({verdict})")
+    d = r.memory_detail_gib
+    verdict = {"fits": "fits", "tight": "tight: may not fit", "out of memory": "OUT OF MEMORY"}[r.memory_verdict]
+    t.add_row("peak memory per GPU (torch allocated)", f"{r.memory_gib_per_gpu:.1f} GiB")
+    if d.get("device_high", 0.0) > d.get("device_low", 0.0) or d.get("outside_allocator", 0.0) > 0:
+        t.add_row("  device peak (allocator reserve, CUDA/NCCL)",
+                  f"{d['device_low']:.1f}-{d['device_high']:.1f} GiB of {d['capacity']:.1f} ({verdict})")
+    else:
+        t.add_row("  of the device's", f"{d['capacity']:.1f} GiB ({verdict})")
     t.add_row("energy per step", "n/a" if r.energy_j_per_step is None else f"{r.energy_j_per_step / 1e6:.3f} MJ")
     t.add_row("average power per GPU", "n/a" if r.avg_power_w is None else f"{r.avg_power_w:.0f} W")
     t.add_row("peak power per GPU (highest measured reading)", "n/a" if r.peak_power_w is None else f"{r.peak_power_w:.0f} W")

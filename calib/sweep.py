@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
+from calib.models.memory import device_memory
 from calib.workload import memory as memory_model
 from calib.workload.flops import hardware_flops_per_step
 from calib.workload.generate import check_supported
@@ -52,6 +53,7 @@ class SweepRow:
     par: ParallelConfig
     memory_gib: float
     fits: bool
+    memory_verdict: str
     step_time_s: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
@@ -63,6 +65,7 @@ class SweepRow:
         return {
             "tp": p.tp, "pp": p.pp, "dp": p.dp, "ep": p.ep, "micro_batch": p.micro_batch, "recompute": p.recompute,
             "sequence_parallel": p.sequence_parallel, "memory_gib_per_gpu": self.memory_gib, "fits_in_memory": self.fits,
+            "memory_verdict": self.memory_verdict,
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
             "energy_j_per_step": self.energy_j_per_step, "error": self.error,
         }
@@ -87,8 +90,17 @@ def sweep(model: ModelSpec, gpus: int, base: ParallelConfig, cluster: ClusterPre
     """(ranked rows that fit, rows discarded for memory, notes)."""
     cluster.check_gpus(gpus)
     notes: list[str] = []
-    rows = [SweepRow(p, (e := memory_model.estimate(model, p, cluster.hbm_bytes)).total_gib, e.fits)
-            for p in candidates(model, gpus, base, cluster.gpus_per_node)]
+    from calib.project import calibrated_memory, check_calibration_gpu, memory_capacity
+
+    mm = calibrated_memory(calibration)
+    capacity, _ = memory_capacity(cluster, mm, check_calibration_gpu(calibration, cluster, allow_gpu_mismatch))
+
+    def row(p: ParallelConfig) -> SweepRow:
+        est = memory_model.estimate(model, p, capacity)
+        dev = device_memory(est.total_bytes, capacity, mm)
+        return SweepRow(p, est.total_gib, dev.fits, dev.verdict)
+
+    rows = [row(p) for p in candidates(model, gpus, base, cluster.gpus_per_node)]
     if not rows:
         raise CalibError(f"no valid parallel configuration of {model.name} on {gpus} GPUs with global batch {base.global_batch}")
     fit = [r for r in rows if r.fits]
@@ -128,7 +140,9 @@ def sweep(model: ModelSpec, gpus: int, base: ParallelConfig, cluster: ClusterPre
     if failed:
         notes.append(f"{len(failed)} configuration(s) could not be projected (first: {failed[0].error})")
     ranked = sorted((r for r in fit if not r.error), key=lambda r: (r.step_time_s, r.energy_j_per_step or 0.0))
-    notes.append(f"{len(rows)} valid configurations; {len(oom)} discarded as out of memory")
+    tight = sum(r.memory_verdict == "tight" for r in fit)
+    notes.append(f"{len(rows)} valid configurations; {len(oom)} discarded as out of memory"
+                 + (f"; {tight} simulated are tight (may not fit)" if tight else ""))
     return ranked, oom, notes
 
 

@@ -125,7 +125,7 @@ def test_run_slowdown_measured_or_modelled(h200_points) -> None:
 
 def test_projection_applies_the_slowdown_to_gemm_heavy_steps() -> None:
     from calib.calibration import Calibration
-    from calib.project import default_calibration_path
+    from calib.project import CLOCK_TOL, default_calibration_path
 
     cal = Calibration.load(str(default_calibration_path("H200")))
     steep = ClockModel(knee=0.05, slope=0.5, top=0.9, count=4)
@@ -139,5 +139,6 @@ def test_projection_applies_the_slowdown_to_gemm_heavy_steps() -> None:
     line = next(c for c in slow.calibrated if c.startswith("SM clock under the power cap"))
     share = float(line.split("share of ")[1].split(" ")[0])
     factor = float(line.split("kernels x")[1].split(" ")[0])
-    assert factor == pytest.approx(steep.slowdown(share), abs=1.5e-3)  # iterated to agreement
+    # Iterated to agreement within CLOCK_TOL, read back from a line that rounds both figures to 3 decimals.
+    assert factor == pytest.approx(steep.slowdown(share), abs=CLOCK_TOL + 5e-4 + steep.slope * 5e-4)
     assert not any(c.startswith("SM clock") for c in fast.calibrated)

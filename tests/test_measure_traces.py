@@ -46,6 +46,23 @@ def test_training_bundles_span_the_parallel_space(bundles: list) -> None:
         assert (b.path / "raw").exists() == (b.id in KEPT_RAW), b.id
 
 
+def test_memory_probes_are_consistent_where_recorded(bundles: list) -> None:
+    """Round 13 on (measure.worker.memory_probe): what each rank held outside torch's allocator and the
+    device's used memory are the most seen at the probes, within the device; older bundles record 0."""
+    probed = 0
+    for b in bundles:
+        for m in b.manifest.memory if b.manifest.kind == "training" else []:
+            if not m.probes:
+                assert m.outside_allocator_bytes == m.device_used_bytes == 0, b.id
+                continue
+            probed += 1
+            assert [p["at"] for p in m.probes] == ["warm-up", "measured steps", "profiled steps"], b.id
+            assert m.outside_allocator_bytes == max(p["used_bytes"] - p["reserved_bytes"] for p in m.probes) > 0
+            assert m.device_used_bytes == max(p["used_bytes"] for p in m.probes) <= b.manifest.gpu.memory_bytes
+            assert m.peak_allocated_bytes <= m.peak_reserved_bytes <= m.device_used_bytes, b.id
+    assert probed >= 8
+
+
 # Raw traces are dropped after conversion, except where a later analysis needs the host trace's CPU
 # op times (traces/README.md, rounds 5, 6 and 8).
 KEPT_RAW = {"mixtral-tp2-sp-rcsel-s30", "llama8b-tp2-raw", "mixtral-ep2-mbs2-raw", "mixtral-ep2-rcfull-raw",

@@ -163,7 +163,7 @@ def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path:
     # measured 0.1 + 0.075 x L except L8 at +1 %; held-out 0.1 + 0.08 x L
     runs = [at(2, 0.25, 0.26), at(4, 0.40, 0.42), at(4, 0.40, 0.42, run="l4-again"), at(8, 0.707, 0.74),
             at(16, 1.30, 1.38), _run("other", HELDOUT, 1.0, 1.0),
-            dataclasses.replace(_run("l4-replay", REPLAY, 9.0, 9.0), model="llama3-8b@L4,S2048",
+            dataclasses.replace(_run("l4", REPLAY, 0.40, 9.0), model="llama3-8b@L4,S2048",
                                 config=f"llama3-8b@L4,S2048/{rest}")]
     [s] = depth_series(runs)
     assert s.series == f"llama3-8b@L*,S2048/{rest}"
@@ -174,6 +174,10 @@ def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path:
     assert s.per_layer_error_pct == pytest.approx(100 * (0.08 - s.per_layer_s) / s.per_layer_s)
     assert s.points[0].compute_share == pytest.approx(0.8)
     assert depth_series([at(4, 0.4, 0.42), _run("other", HELDOUT, 1.0, 1.0)]) == []
+    # Without held-out records (--no-heldout) the measured line is still drawn from the other records.
+    [m] = depth_series([dataclasses.replace(r, kind=REPLAY, predicted_step_s=9.0) for r in runs[:5]])
+    assert (m.per_layer_s, m.linearity_pct) == pytest.approx((s.per_layer_s, s.linearity_pct))
+    assert m.heldout_per_layer_s is None and m.per_layer_error_pct is None and m.points[0].heldout_step_s is None
     summary = summarize(runs, real_bundles=6) | depth_summary([s])
     assert summary["depth_series"] == 1 and summary["depth_per_layer_error_max"] == pytest.approx(
         abs(s.per_layer_error_pct))

@@ -138,8 +138,12 @@ def _run_sweep(spec, gpus, par, preset, cal, allow, sweep_max, top, json_out) ->
         cells = [str(i), str(p.tp), str(p.pp), str(p.dp)] + ([str(p.ep)] if spec.is_moe else [])
         cells += ["y" if p.sequence_parallel else "-", str(p.micro_batch), p.recompute, f"{r.step_time_s:.3f}",
                   f"{r.tokens_per_s / 1e6:.2f}", f"{100 * r.mfu:.1f}",
-                  "n/a" if r.energy_j_per_step is None else f"{r.energy_j_per_step / 1e6:.2f}", f"{r.memory_gib:.1f}"]
+                  "n/a" if r.energy_j_per_step is None else f"{r.energy_j_per_step / 1e6:.2f}",
+                  f"{r.memory_gib:.1f}" + ("!" if r.memory_verdict == "tight" else "")]
         t.add_row(*cells)
     console.print(t)
+    if any(r.memory_verdict == "tight" for r in ranked[:top]):
+        console.print("[dim]GiB/GPU: torch's allocated bytes; ! = tight: with the allocator's reserve and the "
+                      "memory outside it the device may not hold it[/dim]")
     for n in notes:
         console.print(f"[dim]note: {n}[/dim]")

@@ -10,7 +10,8 @@ sequence, parallelism, batch, recomputation; calib.workload.models' scaling-down
   time against the measured one, the part of the error that a projection multiplies by the depth;
 - per depth, the GPU's compute share of the measured step (kernel time of the profiled step over
   the unprofiled step; near 100 % GPU-bound, well under it host- or communication-bound).
-No series, no section: configurations measured at one depth only say nothing about depth.
+No series, no section: configurations measured at one depth only say nothing about depth. Without
+held-out records (`calib validate --no-heldout`) the section has the measured lines and shares only.
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ def _line(layers: list[int], steps: list[float]) -> tuple[float, float]:
 
 
 def depth_series(runs: list[RunError]) -> list[DepthSeries]:
-    """Every configuration measured at two or more layer counts, from the held-out records (one per run)."""
-    by_series: dict[str, dict[int, list[RunError]]] = {}
+    """Every configuration measured at two or more layer counts. The measured line comes from any
+    record of each run (replay, held-out or in-sample: they carry the same measurement), the held-out
+    line from the held-out records where `calib validate` computed them (not with --no-heldout)."""
+    by_run: dict[str, list[RunError]] = {}
     for r in runs:
-        if r.kind != HELDOUT:
-            continue
-        key = series_key(r)
+        by_run.setdefault(r.run, []).append(r)
+    by_series: dict[str, dict[int, list[tuple[RunError, RunError | None]]]] = {}
+    for records in by_run.values():
+        held = next((r for r in records if r.kind == HELDOUT), None)
+        first = held or records[0]
+        key = series_key(first)
         if key is not None:
-            by_series.setdefault(key[0], {}).setdefault(key[1], []).append(r)
+            by_series.setdefault(key[0], {}).setdefault(key[1], []).append((first, held))
     out = []
     for series, by_layers in sorted(by_series.items()):
         if len(by_layers) < 2:
@@ -99,15 +105,15 @@ def depth_series(runs: list[RunError]) -> list[DepthSeries]:
     return out
 
 
-def _point(layers: int, runs: list[RunError]) -> DepthPoint:
-    measured = float(np.mean([r.measured_step_s for r in runs]))
-    predicted = [r.predicted_step_s for r in runs if r.predicted_step_s is not None]
+def _point(layers: int, runs: list[tuple[RunError, RunError | None]]) -> DepthPoint:
+    measured = float(np.mean([r.measured_step_s for r, _ in runs]))
+    predicted = [h.predicted_step_s for _, h in runs if h is not None and h.predicted_step_s is not None]
     # A configuration's runs are left out together and share one prediction; the mean also covers one
     # depth spelled two ways (`gpt3-1.3b`, `gpt3-1.3b@L24`), two configurations.
     heldout = float(np.mean(predicted)) if predicted and len(predicted) == len(runs) else None
-    shares = [r.breakdown_measured_s["compute"] / r.measured_step_s for r in runs
+    shares = [r.breakdown_measured_s["compute"] / r.measured_step_s for r, _ in runs
               if r.breakdown_measured_s.get("compute") and r.measured_step_s > 0]
-    return DepthPoint(layers, sorted(r.run for r in runs), measured, heldout,
+    return DepthPoint(layers, sorted(r.run for r, _ in runs), measured, heldout,
                       None if heldout is None else 100.0 * (heldout - measured) / measured,
                       float(np.mean(shares)) if shares else None)
 

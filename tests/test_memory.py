@@ -1,0 +1,149 @@
+"""The memory model (calib.models.memory): the allocator's reserve, the memory outside it and the
+device's capacity, fitted on the committed bundles, and the out-of-memory verdict they give.
+
+The verdict is checked against what happened on the H100: `llama8b-1gpu-mbs2-L8` ran out of memory
+there (its campaign log is committed, traces/h100/_campaigns/x1-round12/logs) and `llama8b-1gpu-mbs2-L2`
+ran (traces/h100/llama8b-1gpu-mbs2-L2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calib.bundle import read_bundle
+from calib.calibration import Calibration
+from calib.cluster import load_cluster
+from calib.errors import CalibError
+from calib.fit import _fit_memory_section, memory_points
+from calib.models.memory import MemoryModel, MemoryPoint, device_memory, memory_errors
+from calib.project import project
+from calib.units import GIB
+from calib.workload.models import resolve_model
+from calib.workload.parallel import ParallelConfig
+from tests.conftest import ROOT, TRACES
+
+
+def _training(gpu: str) -> list:
+    out = []
+    for manifest in sorted((TRACES / gpu).glob("*/manifest.json")):
+        b = read_bundle(manifest.parent)
+        if b.manifest.kind == "training" and b.manifest.status == "complete":
+            out.append(b)
+    return out
+
+
+H100 = _training("h100")
+needs_h100 = pytest.mark.skipif(not any(b.id.endswith("-r13") for b in H100), reason="no round-13 H100 bundles")
+
+
+@needs_h100
+def test_fit_on_the_h100_bundles_counts_what_the_device_held() -> None:
+    points = memory_points(H100)
+    model = MemoryModel.fit(points)
+    recorded = [p for p in points if p.outside_bytes is not None]
+    assert recorded and model.outside_runs == len(recorded)
+    # The most any rank held outside the allocator, and the largest reserve ratio, are the model's.
+    assert model.outside_allocator_bytes == max(p.outside_bytes for p in recorded)
+    assert model.reserve_ratio == pytest.approx(max(p.reserve_ratio for p in points))
+    assert 1.0 <= model.reserve_ratio_median <= model.reserve_ratio
+    # The device as CUDA saw it, not the datasheet's 80e9 bytes.
+    assert model.capacity_bytes == min(b.manifest.gpu.memory_bytes for b in H100)
+    assert model.capacity_bytes > load_cluster("h100-1").hbm_bytes
+    errors, held = memory_errors(points)
+    assert errors["memory"].count == len(points) and errors["memory"].max < 10.0
+    assert errors["memory.device_peak"].count == held["runs"] == len(recorded)
+    assert 0 <= held["within"] <= held["runs"]
+
+
+def test_the_bundled_calibrations_verdicts_match_what_ran_on_the_h100() -> None:
+    cal = Calibration.load(ROOT / "calib" / "data" / "calibration-h100.yaml")
+    if cal.memory_model() is None:
+        pytest.skip("the bundled H100 calibration has no memory section")
+    cluster = load_cluster("h100-1")
+    par = ParallelConfig(micro_batch=2, global_batch=8)
+    failed = project(resolve_model("llama3-8b@L8,S2048"), par, cluster, cal)
+    ran = project(resolve_model("llama3-8b@L2,S2048"), par, cluster, cal)
+    log = TRACES / "h100" / "_campaigns" / "x1-round12" / "logs" / "llama8b-1gpu-mbs2-L8.log"
+    assert "out of memory" in log.read_text()
+    assert (TRACES / "h100" / "llama8b-1gpu-mbs2-L2").is_dir()
+    # The allocator estimate alone said the failed run fits the datasheet's 80 GB; the device peak does not.
+    assert failed.memory_gib_per_gpu * GIB < cluster.hbm_bytes
+    assert failed.memory_verdict == "tight" and failed.fits_in_memory
+    assert failed.memory_detail_gib["device_high"] > failed.memory_detail_gib["capacity"]
+    assert ran.memory_verdict == "fits"
+    assert any(c.startswith("memory.hbm_bytes") for c in failed.calibrated)
+    assert not any(c.startswith("memory.hbm_bytes") for c in failed.configured)
+
+
+ROUND14 = TRACES / "h100" / "_campaigns" / "x1-round14"
+
+
+@pytest.mark.skipif(not (ROUND14 / "campaign.json").is_file(), reason="no round-14 campaign record")
+def test_verdicts_against_the_h100_runs_at_the_memory_edge() -> None:
+    """Round 14 ran one-GPU depths around the H100's memory edge (traces/README.md): every run said to
+    fit ran, every run said to be out of memory ran out, and a tight one may go either way."""
+    import json
+
+    from measure.campaigns.h200 import TRAININGS
+
+    cal = Calibration.load(ROOT / "calib" / "data" / "calibration-h100.yaml")
+    if cal.memory_model() is None:
+        pytest.skip("the bundled H100 calibration has no memory section")
+    specs = {s[0]: s for s in TRAININGS}
+    outcome = {}
+    for job in json.loads((ROUND14 / "campaign.json").read_text()):
+        log = (ROUND14 / "logs" / f"{job['id']}.log").read_text()
+        ran = job["rc"] == 0 and (TRACES / "h100" / job["id"] / "manifest.json").is_file()
+        assert ran or "out of memory" in log, job["id"]
+        _, model, tp, pp, dp, ep, mbs, gbs, rc, _ = specs[job["id"]]
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mbs, global_batch=gbs, recompute=rc)
+        verdict = project(resolve_model(model), par, load_cluster("h100-1"), cal).memory_verdict
+        outcome.setdefault(verdict, []).append(ran)
+    assert all(outcome["fits"]) and not any(outcome["out of memory"])
+    assert set(outcome) == {"fits", "tight", "out of memory"} and len(outcome["tight"]) >= 3
+
+
+def test_verdict_brackets_the_device_peak() -> None:
+    model = MemoryModel(reserve_ratio=1.2, reserve_ratio_median=1.05, outside_allocator_bytes=9 * GIB, runs=3,
+                        outside_runs=1, capacity_bytes=80 * GIB)
+    assert model.device_bytes(50 * GIB) == (59 * GIB, 69 * GIB)
+    assert model.verdict(50 * GIB, 80 * GIB) == "fits"  # 69 GiB at the measured reserve
+    assert model.verdict(65 * GIB, 80 * GIB) == "tight"  # 74-87 GiB
+    assert model.verdict(72 * GIB, 80 * GIB) == "out of memory"  # 81 GiB even fully packed
+    none = device_memory(72 * GIB, 80 * GIB, None)  # no memory model: the estimate alone, as before
+    assert none.verdict == "fits" and not none.calibrated and none.outside_bytes == 0
+    assert not device_memory(72 * GIB, 80 * GIB, model).fits
+
+
+def test_held_out_bracket_and_refusals() -> None:
+    g = GIB
+    pts = [MemoryPoint("a", "A", 30 * g, 30 * g, 33 * g, 9 * g), MemoryPoint("b", "B", 40 * g, 40 * g, 42 * g, 9 * g),
+           MemoryPoint("c", "C", 20 * g, 20 * g, 26 * g, None)]
+    errors, held = memory_errors(pts)
+    # Held out, a's bracket is 30 x 1.3 + 9 = 48 >= its 42 GiB; b's is 40 x 1.3 + 9 = 61 >= 51.
+    assert held == {"runs": 2, "within": 2, "worst_excess_pct": 0.0}
+    assert errors["memory"].mape == 0.0 and errors["memory.device_peak"].count == 2
+    # A run with more reserve than every other configuration's exceeds the bracket fitted without it.
+    pts.append(MemoryPoint("d", "D", 40 * g, 40 * g, 60 * g, 9 * g))
+    _, held = memory_errors(pts)
+    assert held["within"] == 2 and held["worst_excess_pct"] == pytest.approx(100 * (69 - (40 * 1.3 + 9)) / 69, abs=1e-3)
+    with pytest.raises(CalibError, match="peak allocated"):
+        MemoryModel.fit([MemoryPoint("x", "X", 1.0, 0.0, 0.0, None)])
+
+
+def test_calibration_round_trip_and_malformed_section(tmp_path: Path) -> None:
+    cal = Calibration(gpu="NVIDIA H100 80GB HBM3")
+    _fit_memory_section(cal, H100 or [])
+    if not H100:
+        assert "memory" in cal.provenance
+        return
+    path = cal.save(tmp_path / "c.yaml")
+    back = Calibration.load(path)
+    assert back.memory == cal.memory and back.memory_model() == MemoryModel.from_dict(cal.memory)
+    assert "memory.device_peak" in back.errors
+    text = path.read_text().replace("reserve_ratio:", "reserve_ratioo:", 1)
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(CalibError, match="memory"):
+        Calibration.load(tmp_path / "bad.yaml")
