@@ -759,10 +759,14 @@ def memory_points(bundles: Sequence[Bundle]) -> list[MemoryPoint]:
         if allocated <= 0:
             continue
         outside = [m.outside_allocator_bytes for m in mem if m.device_used_bytes > 0]
-        est = estimate(model_of(spec), parallel_of(spec), float(b.manifest.gpu.memory_bytes or 0))
+        # What a process may use (the probes' cudaMemGetInfo total, since round 15) where recorded,
+        # else the device's total memory, 0.5 GiB more on the H100.
+        usable = [int(p.get("total_bytes") or 0) for m in mem for p in m.probes]
+        capacity = min((t for t in usable if t > 0), default=int(b.manifest.gpu.memory_bytes or 0))
+        est = estimate(model_of(spec), parallel_of(spec), float(capacity))
         points.append(MemoryPoint(b.id, spec.key(), est.total_bytes, float(allocated),
                                   float(max(m.peak_reserved_bytes for m in mem)),
-                                  float(max(outside)) if outside else None, float(b.manifest.gpu.memory_bytes or 0)))
+                                  float(max(outside)) if outside else None, float(capacity)))
     return points
 
 

@@ -133,6 +133,26 @@ def test_held_out_bracket_and_refusals() -> None:
         MemoryModel.fit([MemoryPoint("x", "X", 1.0, 0.0, 0.0, None)])
 
 
+@needs_h100
+def test_capacity_is_what_a_process_may_use_where_the_probes_recorded_it(tmp_path: Path) -> None:
+    """Round 15's probes record cudaMemGetInfo's total; the capacity is the smallest of those, else the
+    device total of the manifest (round 13-14 bundles)."""
+    import json
+    import shutil
+
+    src = next(b for b in H100 if b.id.endswith("-r13"))
+    assert memory_points([src])[0].capacity_bytes == src.manifest.gpu.memory_bytes
+    dst = tmp_path / src.id
+    shutil.copytree(src.path, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    for rank in manifest["memory"]:
+        for i, probe in enumerate(rank["probes"]):
+            probe["total_bytes"] = int(79.18 * GIB) + i
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    [point] = memory_points([read_bundle(dst)])
+    assert point.capacity_bytes == int(79.18 * GIB) < src.manifest.gpu.memory_bytes
+
+
 def test_calibration_round_trip_and_malformed_section(tmp_path: Path) -> None:
     cal = Calibration(gpu="NVIDIA H100 80GB HBM3")
     _fit_memory_section(cal, H100 or [])
