@@ -88,10 +88,7 @@ class MemoryModel:
         return low, estimate_bytes * self.reserve_ratio + self.outside_allocator_bytes
 
     def verdict(self, estimate_bytes: float, capacity_bytes: float) -> str:
-        low, high = self.device_bytes(estimate_bytes)
-        if high <= capacity_bytes:
-            return "fits"
-        return "tight" if low <= capacity_bytes else "out of memory"
+        return _verdict(*self.device_bytes(estimate_bytes), capacity_bytes)
 
     def to_dict(self) -> dict:
         return {
@@ -163,10 +160,15 @@ class DeviceMemory:
         return self.verdict != "out of memory"
 
 
+def _verdict(low_bytes: float, high_bytes: float, capacity_bytes: float) -> str:
+    """VERDICTS for a device peak bracketed by [low, high]; without a model the bracket is one point."""
+    if high_bytes <= capacity_bytes:
+        return "fits"
+    return "tight" if low_bytes <= capacity_bytes else "out of memory"
+
+
 def device_memory(estimate_bytes: float, capacity_bytes: float, model: MemoryModel | None) -> DeviceMemory:
-    if model is None:
-        verdict = "fits" if estimate_bytes <= capacity_bytes else "out of memory"
-        return DeviceMemory(estimate_bytes, capacity_bytes, estimate_bytes, estimate_bytes, 0.0, verdict, False)
-    low, high = model.device_bytes(estimate_bytes)
-    return DeviceMemory(estimate_bytes, capacity_bytes, low, high, model.outside_allocator_bytes,
-                        model.verdict(estimate_bytes, capacity_bytes), True)
+    low, high = (estimate_bytes, estimate_bytes) if model is None else model.device_bytes(estimate_bytes)
+    outside = 0.0 if model is None else model.outside_allocator_bytes
+    return DeviceMemory(estimate_bytes, capacity_bytes, low, high, outside, _verdict(low, high, capacity_bytes),
+                        model is not None)
