@@ -54,6 +54,7 @@ class Calibration:
     errors: dict[str, ErrorStat] = field(default_factory=dict)
     validation: dict = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
+    software: dict = field(default_factory=dict)  # the bundles' software stack (calib.stack); {} = not recorded
     created_utc: str = ""
     calib_version: str = ""
     schema: str = SCHEMA
@@ -157,6 +158,7 @@ class Calibration:
             "calib": self.calib_version,
             "gpu": self.gpu,
             "bundles": self.bundles,
+            "software": self.software,
             "kernel": self.kernel,
             "network": self.network,
             "power": self.power,
@@ -182,7 +184,7 @@ class Calibration:
                 errors[str(name)] = ErrorStat.from_dict(e)
             except (KeyError, TypeError, ValueError):
                 raise CalibError(f"{source}: errors.{name} needs mape, max, count and method") from None
-        for sec in (*SECTIONS, "host", "memory"):
+        for sec in (*SECTIONS, "host", "memory", "software"):
             if data.get(sec) is not None and not isinstance(data.get(sec), dict):
                 raise CalibError(f"{source}: section {sec} must be a mapping")
         return cls(
@@ -190,6 +192,7 @@ class Calibration:
             network=dict(data.get("network") or {}), power=dict(data.get("power") or {}),
             host=dict(data.get("host") or {}), memory=dict(data.get("memory") or {}), errors=errors,
             validation=dict(data.get("validation") or {}), provenance=dict(data.get("provenance") or {}),
+            software=dict(data.get("software") or {}),
             created_utc=str(data.get("created_utc") or ""), calib_version=str(data.get("calib") or ""),
             source=source,
         )

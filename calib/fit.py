@@ -56,6 +56,7 @@ from calib.ops import (
     kernel_layout,
     split_k_bytes,
 )
+from calib.stack import measured_stack
 from calib.units import MIB
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
@@ -655,6 +656,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
          "config": b.manifest.spec.key() if b.manifest.spec else ""}
         for b in chosen
     ]
+    cal.software = measured_stack(chosen)
     prov = cal.provenance
     if len(names) > 1:
         prov["gpu"] = f"configured: mixed on request (--allow-mixed-gpus): {', '.join(names)}; roofline peaks of {gpu_name}"

@@ -297,6 +297,8 @@ def project(
         "cluster_gpu": cluster.gpu, "backend": backend,
         "calibration": getattr(calibration, "source", None) if calibration is not None else None,
         "calibration_gpu": getattr(calibration, "gpu", None) if calibration is not None else None,
+        # The stack the calibration's measurements ran on (calib.stack): the kernel times are its.
+        "calibration_software": dict(getattr(calibration, "software", None) or {}) if calibration is not None else None,
         "network": network.to_dict(),
     }
     t_end = time.perf_counter()
@@ -306,6 +308,7 @@ def project(
         memory_detail_gib={
             "weights": mem.weights_bytes / GIB, "grads": mem.grads_bytes / GIB, "optimizer": mem.optimizer_bytes / GIB,
             "activations": mem.activations_bytes / GIB, "transient": mem.working_bytes / GIB,
+            "buffers": mem.buffers_bytes / GIB,
             "optimizer_step_transient": mem.optimizer_step_bytes / GIB, "capacity": mem.capacity_bytes / GIB,
             "peak_stage": mem.stage, "outside_allocator": device.outside_bytes / GIB,
             "device_low": device.low_bytes / GIB, "device_high": device.high_bytes / GIB,

@@ -10,10 +10,12 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from calib.errors import CalibError
 from calib.project import ProjectionResult
+from calib.stack import stack_summary
 
 BREAKDOWN_ORDER = ("compute", "exposed_tp", "exposed_pp", "exposed_dp", "exposed_ep", "pipeline_bubble", "other")
 
@@ -75,6 +77,8 @@ def print_projection(r: ProjectionResult, console: Console | None = None) -> Non
     c.print(projection_table(r))
     c.print(f"[bold]calibration:[/bold] {r.calibration_id or 'none'}"
             + (f" ({r.inputs.get('calibration')})" if r.inputs.get("calibration") else ""))
+    if r.calibration_id:
+        c.print("[bold]measured on:[/bold] " + escape(stack_summary(r.inputs.get("calibration_software"))))
     c.print("[bold]calibrated:[/bold] " + (", ".join(_name(x) for x in r.calibrated) or "nothing"))
     c.print("[bold]configured:[/bold] " + ", ".join(_name(x) for x in r.configured) + " [dim](sources: --json)[/dim]")
     if r.transferred:

@@ -487,7 +487,8 @@ def _calibration(path: str | os.PathLike | None, training: list[Bundle], real: l
         cal = engine.load_calibration(str(candidate))
         bundles = [b.get("id", "") if isinstance(b, dict) else str(b) for b in getattr(cal, "bundles", []) or []]
         return cal, {"path": str(candidate), "source": "file", "gpu": str(getattr(cal, "gpu", "")),
-                     "gpu_family": engine.gpu_family(str(getattr(cal, "gpu", ""))) or fam, "bundles": bundles}
+                     "gpu_family": engine.gpu_family(str(getattr(cal, "gpu", ""))) or fam, "bundles": bundles,
+                     "software": dict(getattr(cal, "software", None) or {})}
     if not training:
         return None, {"path": "", "source": "none", "bundles": []}
     same = [b for b in real if engine.gpu_family(b.manifest.gpu.name) == fam]
@@ -497,7 +498,7 @@ def _calibration(path: str | os.PathLike | None, training: list[Bundle], real: l
     except Exception as exc:  # noqa: BLE001
         return None, {"path": "", "source": f"fit failed: {_one_line(exc)}", "bundles": []}
     return cal, {"path": "", "source": "fitted here on all bundles", "gpu_family": fam,
-                 "bundles": [b.id for b in same]}
+                 "bundles": [b.id for b in same], "software": dict(getattr(cal, "software", None) or {})}
 
 
 def _thresholds(path: str | os.PathLike | None, notes: list[str]) -> Thresholds | None:

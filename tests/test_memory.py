@@ -48,8 +48,13 @@ def test_fit_on_the_h100_bundles_counts_what_the_device_held() -> None:
     assert model.outside_allocator_bytes == max(p.outside_bytes for p in recorded)
     assert model.reserve_ratio == pytest.approx(max(p.reserve_ratio for p in points))
     assert 1.0 <= model.reserve_ratio_median <= model.reserve_ratio
-    # The device as CUDA saw it, not the datasheet's 80e9 bytes.
-    assert model.capacity_bytes == min(b.manifest.gpu.memory_bytes for b in H100)
+    # What a process may use as CUDA saw it (the probes' total from round 15 on, 0.5 GiB under the
+    # device total the manifests record), not the datasheet's 80e9 bytes.
+    usable = [p.capacity_bytes for p in points if p.capacity_bytes < max(b.manifest.gpu.memory_bytes for b in H100)]
+    if usable:
+        assert model.capacity_bytes == min(usable) == pytest.approx(79.18 * GIB, abs=0.01 * GIB)
+    else:
+        assert model.capacity_bytes == min(b.manifest.gpu.memory_bytes for b in H100)
     assert model.capacity_bytes > load_cluster("h100-1").hbm_bytes
     errors, held = memory_errors(points)
     assert errors["memory"].count == len(points) and errors["memory"].max < 10.0
@@ -77,32 +82,36 @@ def test_the_bundled_calibrations_verdicts_match_what_ran_on_the_h100() -> None:
     assert not any(c.startswith("memory.hbm_bytes") for c in failed.configured)
 
 
-ROUND14 = TRACES / "h100" / "_campaigns" / "x1-round14"
+CAMPAIGNS = TRACES / "h100" / "_campaigns"
 
 
-@pytest.mark.skipif(not (ROUND14 / "campaign.json").is_file(), reason="no round-14 campaign record")
-def test_verdicts_against_the_h100_runs_at_the_memory_edge() -> None:
-    """Round 14 ran one-GPU depths around the H100's memory edge (traces/README.md): every run said to
-    fit ran, every run said to be out of memory ran out, and a tight one may go either way."""
+@pytest.mark.parametrize("round_", ["x1-round14", "x1-round15"])
+def test_verdicts_against_the_h100_runs_at_the_memory_edge(round_: str) -> None:
+    """Rounds 14 and 15 ran one-GPU depths around the H100's memory edge, each verdict given before the
+    run (traces/README.md; round 15's in its predictions.json): every run said to fit ran, every run said
+    to be out of memory ran out, and a tight one may go either way."""
     import json
 
     from measure.campaigns.h200 import TRAININGS
 
+    folder = CAMPAIGNS / round_
+    if not (folder / "campaign.json").is_file():
+        pytest.skip(f"no {round_} campaign record")
     cal = Calibration.load(ROOT / "calib" / "data" / "calibration-h100.yaml")
     if cal.memory_model() is None:
         pytest.skip("the bundled H100 calibration has no memory section")
     specs = {s[0]: s for s in TRAININGS}
-    outcome = {}
-    for job in json.loads((ROUND14 / "campaign.json").read_text()):
-        log = (ROUND14 / "logs" / f"{job['id']}.log").read_text()
+    outcome: dict[str, list[bool]] = {}
+    for job in json.loads((folder / "campaign.json").read_text()):
+        log = (folder / "logs" / f"{job['id']}.log").read_text()
         ran = job["rc"] == 0 and (TRACES / "h100" / job["id"] / "manifest.json").is_file()
         assert ran or "out of memory" in log, job["id"]
         _, model, tp, pp, dp, ep, mbs, gbs, rc, _ = specs[job["id"]]
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mbs, global_batch=gbs, recompute=rc)
         verdict = project(resolve_model(model), par, load_cluster("h100-1"), cal).memory_verdict
         outcome.setdefault(verdict, []).append(ran)
-    assert all(outcome["fits"]) and not any(outcome["out of memory"])
-    assert set(outcome) == {"fits", "tight", "out of memory"} and len(outcome["tight"]) >= 3
+    assert all(outcome.get("fits", [])) and not any(outcome.get("out of memory", []))
+    assert outcome.get("out of memory") and len(outcome.get("tight", [])) >= 3
 
 
 def test_verdict_brackets_the_device_peak() -> None:
@@ -167,3 +176,40 @@ def test_calibration_round_trip_and_malformed_section(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(CalibError, match="memory"):
         Calibration.load(tmp_path / "bad.yaml")
+
+
+PROBE = TRACES / "h200" / "_probes" / "memory-peak"
+
+
+def _probe_runs() -> list[dict]:
+    import json
+
+    return [r for f in sorted(PROBE.glob("*.json")) for r in json.loads(f.read_text()).values() if "error" not in r]
+
+
+@pytest.mark.skipif(not PROBE.is_dir(), reason="no memory-peak probe committed")
+def test_estimate_matches_the_allocator_history_at_the_peak() -> None:
+    """measure.probes.memory_peak recorded, on one H200, the allocated peak of GPT-3 6.7B without,
+    with selective and with full recomputation, GPT-3 1.3B and Llama-3 8B, and the attention buffer
+    megatron-core keeps between steps: the estimate's parts are what it read there."""
+    from calib.workload.memory import attention_buffer_bytes, estimate
+
+    runs = _probe_runs()
+    assert {r["recompute"] for r in runs} == {"none", "selective", "full"}
+    for r in runs:
+        model = resolve_model(r["model"])
+        par = ParallelConfig(micro_batch=r["micro_batch"], global_batch=r["global_batch"], recompute=r["recompute"])
+        est = estimate(model, par, 150 * GIB)
+        assert est.total_bytes == pytest.approx(r["peak_allocated_bytes"], rel=0.01), r["label"]
+        buffer = sum(g["bytes"] for g in r["held_between_steps"] if "get_tensor" in g["where"])
+        assert est.buffers_bytes == attention_buffer_bytes(model, par) == pytest.approx(buffer, rel=1e-3), r["label"]
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_estimate_against_every_committed_run(gpu: str) -> None:
+    """The estimate against each run's peak allocated (the `memory` error of `calib fit`): within 4 %
+    for every run, and 1 % on average (before the probe: 2.3 / 8.3 % on the H200)."""
+    points = memory_points(_training(gpu))
+    errs = [abs(p.estimate_bytes / p.allocated_bytes - 1) for p in points]
+    assert len(errs) >= 20
+    assert max(errs) < 0.04 and sum(errs) / len(errs) < 0.01

@@ -55,6 +55,9 @@ def print_summary(cal: object, output: Path) -> None:
         style = "green" if origin.startswith("calibrated") else ("yellow" if origin.startswith("configured") else "red")
         p.add_row(escape(key), f"[{style}]{escape(origin)}[/{style}]")
     console.print(p)
+    from calib.stack import stack_summary
+
+    console.print("[bold]measured on:[/bold] " + escape(stack_summary(cal.software)))  # type: ignore[attr-defined]
 
 
 def _pct(v: float) -> str:

@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
     def project_cmd(
         model: str = typer.Option(..., "--model", help="Model preset (gpt3-175b, llama3-70b, mixtral-8x7b, ...) or a YAML file."),
         gpus: int = typer.Option(..., "--gpus", help="GPU count: at most one node, or whole nodes."),
+        seq: int = typer.Option(None, "--seq", help="Sequence length (default: the model's own, e.g. 8192 for llama3-70b)."),
         cluster: str = typer.Option("dgx-h200", "--cluster", help="Cluster preset in simconfigs/ (dgx-h200, dgx-h100, mi250, h200-8, ...) or a YAML file."),
         tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
         pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
@@ -54,7 +55,9 @@ def register(app: typer.Typer) -> None:
             raise CalibError(f"--sweep-max and --top must be at least 1, got {sweep_max} and {top}")
         if emit_astra_sim is not None:
             check_output_folder(emit_astra_sim, "--emit-astra-sim")
-        spec = resolve_model(model)
+        if seq is not None and seq < 1:
+            raise CalibError(f"--seq must be a positive sequence length, got {seq}")
+        spec = resolve_model(model, seq_length=seq)
         preset = load_cluster(cluster)
         preset.check_gpus(gpus)
         if tp < 1 or pp < 1:

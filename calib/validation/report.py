@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 
+from calib.stack import stack_summary
 from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, RunError, ValidationReport, repeats
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample"}
@@ -97,6 +98,8 @@ def markdown(report: ValidationReport) -> str:
         f"Created {report.created_utc}; calibration: {cal.get('path') or '(none)'} ({cal.get('source', '')}); "
         f"{s.get('real_bundles', 0)} real GPU training bundles; {report.wall_s:.1f} s.",
         "",
+        *([f"Measured on: {stack_summary(cal.get('software'))}. Every error below is that stack's.", ""]
+          if cal.get("source") not in (None, "", "none") else []),
         "Step-time error = (predicted - measured) / measured. Measured = median over the measured, "
         "unprofiled steps of the slowest rank's step time; spread = (p90 - p10) / median of those steps, "
         "the measurement's own step-to-step variation.",

@@ -15,11 +15,16 @@ recomputation drops the a s^2 b term, full recomputation keeps only the layer in
 with SP). Check against a measurement (reference/gpu-machines.md): 8 pipeline stages of one
 Llama-3-8B layer at sequence 4096 peaked at 42 GiB on the first stage. The stage that
 holds the most micro-batches in flight (stage 0 under 1F1B: PP of them) is the peak.
+
+On top of these: the transient of the last layer's attention backward (`layer_working_bytes`) or of
+the loss, whichever is larger, and the attention scores' buffer that megatron-core's local attention
+(the measured stack: no Transformer Engine, no flash attention) keeps from the first step on
+(`attention_buffer_bytes`). Both were read off the allocator's history at the peak
+(measure.probes.memory_peak, traces/h200/_probes/memory-peak).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from calib.units import GIB
@@ -41,6 +46,7 @@ class MemoryEstimate:
     capacity_bytes: float
     working_bytes: float = 0.0  # transient peak on top of them (loss, or one layer's backward)
     optimizer_step_bytes: float = 0.0  # transient peak of the optimizer step (activations freed by then)
+    buffers_bytes: float = 0.0  # held from the first step on besides model state (attention_buffer_bytes)
 
     @property
     def state_bytes(self) -> float:
@@ -48,7 +54,8 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> float:
-        return self.state_bytes + max(self.activations_bytes + self.working_bytes, self.optimizer_step_bytes)
+        return (self.state_bytes + self.buffers_bytes
+                + max(self.activations_bytes + self.working_bytes, self.optimizer_step_bytes))
 
     @property
     def fits(self) -> bool:
@@ -83,6 +90,18 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int) -> tuple[flo
     return dense, expert
 
 
+def _mlp_split_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """What one layer's MLP keeps for its backward besides its inputs, per micro-batch and before the
+    TP division: fc1's output and fc2's input, per routed token for MoE. A gated MLP (SwiGLU) keeps
+    two more: megatron-core's glu computes act(x_glu) * (x_linear + glu_linear_offset), and the sum
+    is a new tensor the product saves beside the activation's output (measure.probes.memory_peak:
+    three fc2-input-sized blocks per Llama-3 layer)."""
+    s, b, f = model.seq_length, par.micro_batch, model.ffn_hidden
+    gated = model.activation == "swiglu"
+    f1 = 2 * f if gated else f
+    return (2 * s * b * f1 + 2 * s * b * f + (4 * s * b * f if gated else 0)) * max(model.top_k, 1)
+
+
 def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool = False,
                            softmax_fp32: bool = True) -> float:
     """Bytes one transformer layer keeps for its backward, per micro-batch (Korthikanti et al. 2022).
@@ -96,9 +115,6 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool 
     t = par.tp
     sp = par.sequence_parallel
     kv = model.kv_groups * model.head_dim
-    f = model.ffn_hidden
-    f1 = 2 * f if model.activation == "swiglu" else f
-    k = max(model.top_k, 1)
     sbh = s * b * h
     if par.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
@@ -106,8 +122,8 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool 
     # QKV input 2sbh, fc1 input 2sbh, and with dropout its two masks (sbh each).
     replicated = (4 + 2 + 2 + (2 if dropout else 0)) * sbh
     # Tensors split by TP: Q (2sbh), K and V (2 s b kv each), attention-output projection input (2sbh),
-    # fc1 output 2 s b f1 and fc2 input 2 s b f (per routed token for MoE).
-    split = 2 * sbh + 4 * s * b * kv + 2 * sbh + (2 * s * b * f1 + 2 * s * b * f) * k
+    # the MLP's tensors (_mlp_split_bytes).
+    split = 2 * sbh + 4 * s * b * kv + 2 * sbh + _mlp_split_bytes(model, par)
     # Per score: softmax output (2, or 4 in fp32), with dropout its mask (1) and output (2), else the
     # bf16 copy the attention x V product saves (2, only when the softmax ran in fp32).
     per_score = (4 if softmax_fp32 else 2) + (3 if dropout else (2 if softmax_fp32 else 0))
@@ -117,17 +133,47 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool 
     return replicated / (t if sp else 1) + (split + scores) / t
 
 
+def _layer_parts(model: ModelSpec, par: ParallelConfig) -> tuple[float, float, float]:
+    """(attention tensors other than the scores, MLP tensors, attention scores) of one layer and
+    micro-batch on one GPU, as `layer_activation_bytes` counts them without recomputation (the
+    scores as a count, not bytes)."""
+    s, b, h = model.seq_length, par.micro_batch, model.hidden
+    t = par.tp
+    rep = t if par.sequence_parallel else 1
+    kv = model.kv_groups * model.head_dim
+    sbh = s * b * h
+    # Norm input and QKV input (replicated unless SP); Q, K, V and the output projection's input (split).
+    attention = 4.0 * sbh / rep + (4 * sbh + 4 * s * b * kv) / t
+    # Norm input and fc1 input (replicated unless SP); the MLP's own tensors (split).
+    mlp = 4.0 * sbh / rep + _mlp_split_bytes(model, par) / t
+    return attention, mlp, float(model.heads * s * s * b / t)
+
+
+def attention_buffer_bytes(model: ModelSpec, par: ParallelConfig) -> float:
+    """The attention scores' buffer megatron-core's local attention keeps for the whole run: one
+    layer's pre-softmax scores in the parameters' dtype, taken from its global memory buffer on the
+    first forward and never freed (measure.probes.memory_peak found it among the blocks held between
+    steps: 1.0 GiB for GPT-3 6.7B at micro-batch 4)."""
+    return _param_bytes(par.dtype) * _layer_parts(model, par)[2]
+
+
 def layer_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
-    """Transient bytes while one layer runs its backward: the score gradients (fp32 and bf16, 6 bytes
-    per score), plus what recomputation brings back for that layer (all of its activations with full
-    recomputation, its attention scores with selective)."""
-    scores = model.heads * model.seq_length ** 2 * par.micro_batch / par.tp
-    extra = 0.0
+    """Transient bytes on top of the stored activations while the last layer runs its attention's
+    backward, where the step peaks (measure.probes.memory_peak on GPT-3 6.7B, micro-batch 4, no /
+    selective / full recomputation: within 0.2 GiB of the allocated peak each).
+
+    The softmax's backward holds 12 bytes per score: the probabilities' gradient in bf16 and fp32,
+    the scores' gradient in fp32 and bf16. By then the layer's MLP has run its backward and freed
+    its activations, and the bf16 probabilities are spent. Selective recomputation has brought back
+    the fp32 softmax output (4 bytes per score); full recomputation that and the attention's other
+    tensors (its MLP was recomputed too, and freed by its own backward)."""
+    attention, mlp, scores = _layer_parts(model, par)
+    grads = 12.0 * scores
     if par.recompute == "full":
-        extra = layer_activation_bytes(model, dataclasses.replace(par, recompute="none"))
-    elif par.recompute == "selective":
-        extra = 6.0 * scores
-    return 6.0 * scores + extra
+        return grads + 4.0 * scores + attention
+    if par.recompute == "selective":
+        return grads + 4.0 * scores - mlp
+    return grads - 2.0 * scores - mlp
 
 
 def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> MemoryEstimate:
@@ -137,6 +183,7 @@ def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> Me
     m = par.num_microbatches
     layer_act = layer_activation_bytes(model, par)
     working_layer = layer_working_bytes(model, par)
+    buffer = attention_buffer_bytes(model, par)
     layers_per_chunk = model.layers // (par.pp * par.vpp)
     s, b, h = model.seq_length, par.micro_batch, model.hidden
     for stage in range(par.pp):
@@ -153,12 +200,13 @@ def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> Me
             acts += in_flight * 2.0 * s * b * h / (par.tp if par.sequence_parallel else 1)  # embedding output
         loss = 0.0
         if stage == par.pp - 1:
-            # Vocab-parallel cross entropy: bf16 logits, their fp32 copy and the fp32 exponentials (10 B each).
-            loss = 10.0 * s * b * padded_vocab(model, par.tp).vocab / par.tp
+            # Vocab-parallel cross entropy at its peak: the bf16 logits and their fp32 copy (6 B each;
+            # measure.probes.memory_peak: the exponentials are taken in place, not beside them).
+            loss = 6.0 * s * b * padded_vocab(model, par.tp).vocab / par.tp
         working = max(loss, working_layer)
         # torch's foreach Adam allocates the fp32 denominators (sqrt of exp_avg_sq) of all its parameters.
         step_peak = 4.0 * shard
-        est = MemoryEstimate(stage, weights, grads, optimizer, acts, capacity_bytes, working, step_peak)
+        est = MemoryEstimate(stage, weights, grads, optimizer, acts, capacity_bytes, working, step_peak, buffer)
         if best is None or est.total_bytes > best.total_bytes:
             best = est
     assert best is not None
