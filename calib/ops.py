@@ -72,6 +72,26 @@ ATTENTION_OPS: dict[str, tuple[str, bool]] = {
     "aten::_efficient_attention_forward": ("bshd", False),
     "aten::_flash_attention_backward": ("bshd", True),
     "aten::_efficient_attention_backward": ("bshd", True),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ("bhsd", False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": ("bhsd", True),
+}
+# Where an attention op's `is_causal` argument sits among its inputs (native_functions.yaml's
+# signatures; the memory-efficient kernels' `custom_mask_type`, causal when not 0): the converter
+# reads it from the host trace's input values (causal_of).
+CAUSAL_ARG: dict[str, int] = {
+    "aten::_flash_attention_forward": 8,
+    "aten::_flash_attention_backward": 11,
+    "aten::_efficient_attention_forward": 9,
+    "aten::_efficient_attention_backward": 14,
+    "aten::scaled_dot_product_attention": 5,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_flash_attention_backward": 11,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_efficient_attention_backward": 11,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 7,
 }
 # Ops that move no data on the GPU (views, metadata, allocation, host sync).
 NO_DATA_OPS = {
@@ -195,6 +215,17 @@ def _attention(layout: str, ts: list[tuple[list[int], str, int]], backward: bool
     if layout == "bhsd":
         return q[2], k[2], q[3], q[0] * q[1]
     return q[1], k[1], q[3], q[0] * q[2]
+
+
+def causal_of(aten_name: str, values: Sequence[Any]) -> bool | None:
+    """An attention op's `is_causal` from its recorded input values; None where not recorded."""
+    i = CAUSAL_ARG.get(aten_name)
+    if i is None or i >= len(values):
+        return None
+    v = values[i]
+    if isinstance(v, bool | int):
+        return bool(v)
+    return {"true": True, "false": False}.get(str(v).strip().lower())
 
 
 def classify(

@@ -26,6 +26,7 @@ from calib.models.memory import MemoryModel, device_memory
 from calib.sim import BACKENDS, simulate
 from calib.sim.config import NetworkConfig, SystemConfig
 from calib.sim.types import SimResult
+from calib.stack import flash_runs
 from calib.units import GIB
 from calib.workload import memory as memory_model
 from calib.workload.generate import GeneratedStep, KernelTime, generate
@@ -169,6 +170,11 @@ def project(
         km = calibration.kernel_model()  # type: ignore[attr-defined]
         kernel_time: KernelTime = km.predict
         calibrated.append("kernel times (kernel model)")
+        if par.attention == "flash" and not flash_runs(getattr(calibration, "software", None)):
+            configured.append("flash attention kernels: the attention curve of the calibration's SDPA forward "
+                              "microbenchmarks (no flash-attention training run among its bundles)")
+            notes.append("flash attention: no training run with flash attention on this calibration's GPU; its "
+                         "backward kernels are not measured there (the H100 calibration has them)")
         if mismatch:
             transferred.append(f"kernel model (fitted on {calibration.gpu})")  # type: ignore[attr-defined]
     else:

@@ -27,18 +27,33 @@ def build_training(req: TrainRequest, model: ModelSpec) -> tuple[Callable[[], No
     seq = min(model.seq_length, MAX_SEQ)
     vocab = min(model.vocab, MAX_VOCAB)
     heads = 4
+    flash = req.par.attention == "flash"
+
+    class FusedAttention(nn.Module):
+        """Causal attention through torch's fused SDPA, as `--attention flash` runs it on GPUs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(h, 3 * h)
+            self.proj = nn.Linear(h, h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            q, k, v = (t.view(b, s, heads, h // heads).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(out.transpose(1, 2).reshape(b, s, h))
 
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.norm1 = nn.LayerNorm(h)
-            self.attn = nn.MultiheadAttention(h, heads, batch_first=True)
+            self.attn = FusedAttention() if flash else nn.MultiheadAttention(h, heads, batch_first=True)
             self.norm2 = nn.LayerNorm(h)
             self.mlp = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Linear(4 * h, h))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.norm1(x)
-            x = x + self.attn(y, y, y, need_weights=False)[0]
+            x = x + (self.attn(y) if flash else self.attn(y, y, y, need_weights=False)[0])
             return x + self.mlp(self.norm2(x))
 
     class Tiny(nn.Module):

@@ -4,7 +4,9 @@ Recipe (../shared/reference/gpu-machines.md): megatron-core without Transformer 
 local layer spec (torch norms, megatron's own tensor-parallel linears and attention), Float16Module
 for bf16, megatron's DistributedDataParallel (fp32 grad reduction), finalize_model_grads, 1F1B (or
 interleaved) through get_forward_backward_func, and megatron's optimizer (torch AdamW underneath).
-Tokens are random: step time does not depend on their values.
+Tokens are random: step time does not depend on their values. With `--attention flash` the core
+attention is torch's fused SDPA on its flash kernels (FlashCoreAttention) instead of megatron-core's
+unfused one; everything else is the same.
 """
 
 from __future__ import annotations
@@ -43,6 +45,41 @@ def sequence_parallel_norm(norm: str) -> type:
                 p.sequence_parallel = bool(config.sequence_parallel)
 
     return SequenceParallelNorm
+
+
+def flash_core_attention() -> type:
+    """A core attention for megatron-core's local layer spec that runs torch's fused SDPA, forced onto
+    its flash kernels (an unsupported shape fails the run instead of falling back to the math path).
+
+    megatron-core's own DotProductAttention materialises the scores (baddbmm, fp32 softmax, bmm), and
+    Transformer Engine, which would give it fused attention, is not on the measured hosts. This takes
+    the same inputs ([s, b, heads, d] queries, [s, b, groups, d] keys and values, causal) and returns
+    the same [s, b, heads x d] context. Grouped-query attention goes in unexpanded (enable_gqa).
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.module import MegatronModule
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    class FlashCoreAttention(MegatronModule):
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
+                     softmax_scale: float | None = None, **_: Any) -> None:
+            super().__init__(config=config)
+            if attn_mask_type != AttnMaskType.causal:
+                raise ValueError(f"FlashCoreAttention runs causal attention only, not {attn_mask_type}")
+            self.softmax_scale = softmax_scale  # None: 1/sqrt(head dim), as megatron-core's default
+
+        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any = None, attn_mask_type: Any = None,
+                    attention_bias: Any = None, packed_seq_params: Any = None, **_: Any) -> Any:
+            # [s, b, n, d] -> [b, n, s, d] as views: the flash kernel takes the strides as they are.
+            q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                     enable_gqa=k.shape[1] != q.shape[1])
+            s, b = query.shape[0], query.shape[1]
+            return out.permute(2, 0, 1, 3).contiguous().view(s, b, -1)
+
+    return FlashCoreAttention
 
 
 def transformer_config(req: TrainRequest, model: ModelSpec) -> Any:
@@ -90,6 +127,8 @@ def layer_spec(req: TrainRequest, model: ModelSpec) -> Any:
         spec.submodules.input_layernorm = norm
         spec.submodules.pre_mlp_layernorm = norm
         block.LayerNormImpl = norm  # the final norm of the block
+    if req.par.attention == "flash":
+        spec.submodules.self_attention.submodules.core_attention = flash_core_attention()
     return spec
 
 

@@ -72,6 +72,7 @@ class TrainRequest:
             micro_batch=p.micro_batch, global_batch=p.global_batch, seq_length=model.seq_length, dtype=p.dtype,
             recompute=p.recompute, overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather, distributed_optimizer=p.distributed_optimizer,
+            attention=p.attention,
         )
 
     def to_json(self) -> str:

@@ -173,3 +173,27 @@ def test_host_cpu_reads_the_model_name(tmp_path) -> None:
     info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n")
     assert host_cpu(str(info))["model"] == "Intel(R) Xeon(R) Processor"
     assert host_cpu(str(tmp_path / "absent"))["model"]  # no /proc: the platform's name, else "unknown"
+
+
+def test_flash_attention_run_records_causal_sdpa(tmp_path: Path) -> None:
+    """`--attention flash` on the CPU path runs torch's fused SDPA; the host trace's recorded inputs give
+    the converter its is_causal (calib.ops.causal_of), which halves the attention's FLOPs."""
+    import gzip
+
+    from calib.ops import ATTENTION_OPS, causal_of, classify
+
+    par = ParallelConfig(dp=2, micro_batch=1, global_batch=4, attention="flash")
+    out = measure_training(_req(29831, par=par, keep_raw=True), tmp_path / "cpu-flash")
+    m = read_bundle(out).manifest
+    assert m.status == "complete" and m.spec.attention == "flash"
+    assert m.spec.key().endswith("/attn-flash") and ParallelConfig().attention == "local"
+    host = json.loads(gzip.decompress((out / "raw" / "host.0.json.gz").read_bytes()))
+    sdpa = [n for n in host["nodes"] if n["name"] in ATTENTION_OPS]
+    assert {n["name"] for n in sdpa} >= {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+    for n in sdpa:
+        i = n["inputs"]
+        assert causal_of(n["name"], i["values"]) is True, n["name"]
+        causal = classify(n["name"], i["shapes"], i["types"], causal=True)
+        full = classify(n["name"], i["shapes"], i["types"], causal=False)
+        assert causal.op_class == "attention" and causal.flops == full.flops / 2 > 0

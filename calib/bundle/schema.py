@@ -85,6 +85,7 @@ class RunSpec:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     distributed_optimizer: bool = False
+    attention: str = "local"  # calib.workload.parallel.ATTENTION; bundles before the flash runs: local
 
     def key(self) -> str:
         """Identity of the configuration: bundles that differ only in telemetry share it."""
@@ -95,6 +96,8 @@ class RunSpec:
             f"seq{self.seq_length}", self.dtype, f"rc-{self.recompute}", f"og{int(self.overlap_grad_reduce)}",
             f"op{int(self.overlap_param_gather)}", f"do{int(self.distributed_optimizer)}",
         ]
+        if self.attention != "local":  # only then, so that every earlier configuration keeps its key
+            parts.append(f"attn-{self.attention}")
         return "/".join(parts)
 
 

@@ -47,6 +47,7 @@ def train(
     ep: int = typer.Option(1, "--ep"), vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages per rank"),
     mbs: int = typer.Option(1, "--mbs", help="micro-batch size"), gbs: int = typer.Option(8, "--gbs", help="global batch size"),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    attention: str = typer.Option("local", "--attention", help="local (megatron-core's unfused attention) | flash (torch SDPA flash kernels)"),
     seq: int = typer.Option(0, "--seq", help="sequence length (0: the model's; shortening renames the model @S...)"),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
     overlap_grad_reduce: bool = typer.Option(False, "--overlap-grad-reduce"),
@@ -78,6 +79,7 @@ def train(
         tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, sequence_parallel=sequence_parallel, micro_batch=mbs,
         global_batch=gbs, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, distributed_optimizer=distributed_optimizer,
+        attention=attention,
     )
     req = TrainRequest(
         model=name, par=par, warmup=warmup, steps=steps, profile_steps=profile_steps, device=device,

@@ -8,6 +8,7 @@ import typer
 
 from calib.errors import CalibError
 from calib.paths import check_output_folder
+from calib.workload.parallel import ATTENTION
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +26,7 @@ def register(app: typer.Typer) -> None:
         sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs TP > 1)."),
         mbs: int = typer.Option(1, "--mbs", help="Micro-batch size."),
         gbs: int = typer.Option(..., "--gbs", help="Global batch size (sequences per step)."),
+        attention: str = typer.Option("local", "--attention", help="Core attention: local (megatron-core's unfused, as most measured runs) or flash (torch's fused flash SDPA)."),
         recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
         overlap_grad_reduce: bool = typer.Option(False, "--overlap-grad-reduce", help="Overlap the DP gradient reduction with backward."),
         distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer", help="Shard optimizer state over DP (reduce-scatter + all-gather)."),
@@ -55,6 +57,8 @@ def register(app: typer.Typer) -> None:
             raise CalibError(f"--sweep-max and --top must be at least 1, got {sweep_max} and {top}")
         if emit_astra_sim is not None:
             check_output_folder(emit_astra_sim, "--emit-astra-sim")
+        if attention not in ATTENTION:
+            raise CalibError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if seq is not None and seq < 1:
             raise CalibError(f"--seq must be a positive sequence length, got {seq}")
         spec = resolve_model(model, seq_length=seq)
@@ -69,7 +73,7 @@ def register(app: typer.Typer) -> None:
         par = ParallelConfig(
             tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, sequence_parallel=sp, micro_batch=mbs, global_batch=gbs,
             recompute=recompute, overlap_grad_reduce=overlap_grad_reduce, distributed_optimizer=distributed_optimizer,
-            overlap_param_gather=overlap_param_gather,
+            overlap_param_gather=overlap_param_gather, attention=attention,
         )
         if not do_sweep:
             par.check(spec, gpus)

@@ -17,6 +17,7 @@ from calib.errors import CalibError
 from calib.ops import (
     COMM_DTYPE_BYTES,
     OpRecord,
+    causal_of,
     classify,
     index_pieces,
     is_split_k_reduce,
@@ -212,7 +213,8 @@ def link(host: HostTrace, kt: KinetoTrace, rank: int) -> list[LinkedOp]:
             rec = OpRecord("memory", aten, bytes=float(act.args.get("bytes", 0) or 0))
         elif op is not None:
             i, o = op.inputs, op.outputs
-            rec = classify(op.name, i.get("shapes", []), i.get("types", []), o.get("shapes"), o.get("types"))
+            rec = classify(op.name, i.get("shapes", []), i.get("types", []), o.get("shapes"), o.get("types"),
+                           causal=causal_of(op.name, i.get("values", [])))
             if rec.op_class == "gemm" and is_split_k_reduce(act.name):
                 rec = split_k_reduce_record(rec)
         else:

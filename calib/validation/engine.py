@@ -50,7 +50,7 @@ def parallel_of(spec: RunSpec) -> ParallelConfig:
         sequence_parallel=spec.sequence_parallel, micro_batch=spec.micro_batch, global_batch=spec.global_batch,
         recompute=spec.recompute, overlap_grad_reduce=spec.overlap_grad_reduce,
         overlap_param_gather=spec.overlap_param_gather, distributed_optimizer=spec.distributed_optimizer,
-        dtype=spec.dtype,
+        dtype=spec.dtype, attention=spec.attention,
     )
 
 

@@ -128,6 +128,8 @@ def layer_activation_bytes(model: ModelSpec, par: ParallelConfig, dropout: bool 
     # bf16 copy the attention x V product saves (2, only when the softmax ran in fp32).
     per_score = (4 if softmax_fp32 else 2) + (3 if dropout else (2 if softmax_fp32 else 0))
     scores = per_score * a * s * s * b
+    if par.attention == "flash":  # no scores kept: the fp32 log-sum-exp of each query row instead
+        scores = 4.0 * a * s * b
     if par.recompute == "selective":
         scores = 0.0
     return replicated / (t if sp else 1) + (split + scores) / t
@@ -153,7 +155,9 @@ def attention_buffer_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     """The attention scores' buffer megatron-core's local attention keeps for the whole run: one
     layer's pre-softmax scores in the parameters' dtype, taken from its global memory buffer on the
     first forward and never freed (measure.probes.memory_peak found it among the blocks held between
-    steps: 1.0 GiB for GPT-3 6.7B at micro-batch 4)."""
+    steps: 1.0 GiB for GPT-3 6.7B at micro-batch 4). Flash attention takes no such buffer."""
+    if par.attention == "flash":
+        return 0.0
     return _param_bytes(par.dtype) * _layer_parts(model, par)[2]
 
 
@@ -168,12 +172,30 @@ def layer_working_bytes(model: ModelSpec, par: ParallelConfig) -> float:
     the fp32 softmax output (4 bytes per score); full recomputation that and the attention's other
     tensors (its MLP was recomputed too, and freed by its own backward)."""
     attention, mlp, scores = _layer_parts(model, par)
+    if par.attention == "flash":
+        return _flash_working_bytes(model, par, attention, mlp)
     grads = 12.0 * scores
     if par.recompute == "full":
         return grads + 4.0 * scores + attention
     if par.recompute == "selective":
         return grads + 4.0 * scores - mlp
     return grads - 2.0 * scores - mlp
+
+
+def _flash_working_bytes(model: ModelSpec, par: ParallelConfig, attention: float, mlp: float) -> float:
+    """The last layer's attention backward under flash attention: the output and its gradient made
+    contiguous (2 bytes per query element each, only for micro-batches above 1: see
+    calib.workload.ops.flash_core_bwd), the Q, K and V gradients at the query heads (2 bytes each: the
+    K and V ones are summed into the K/V heads afterwards) and the fp32 accumulator of the Q gradient
+    (4 bytes). Recomputation brings back what the local attention's does, less the scores: the
+    flash output (selective), the attention's tensors (full)."""
+    q = par.micro_batch * model.seq_length * model.heads * model.head_dim / par.tp
+    held = (4.0 * q if par.micro_batch > 1 else 0.0) + 10.0 * q
+    if par.recompute == "full":
+        return held + attention
+    if par.recompute == "selective":
+        return held + 2.0 * q - mlp
+    return held - mlp
 
 
 def estimate(model: ModelSpec, par: ParallelConfig, capacity_bytes: float) -> MemoryEstimate:

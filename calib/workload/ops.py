@@ -10,7 +10,8 @@ kernel as a profiled megatron-core step shows them (../shared/samples/h200x2-mco
 - core attention: `baddbmm` Q K^T over b x heads/TP, the scores copied to fp32, a causal mask
   built (fill_, triu, copy_) and applied (masked_fill_), softmax, copied back to bf16, `bmm` with V,
   the context made contiguous; backward mirrors it (softmax backward is a mul and a
-  _softmax_backward_data in fp32; Q and K gradients scaled; Q/K/V gradients concatenated);
+  _softmax_backward_data in fp32; Q and K gradients scaled; Q/K/V gradients concatenated); with
+  `attention: flash` torch's fused flash kernels instead (flash_core_fwd, flash_core_bwd);
 - memory-op bytes follow calib.ops as the converter records them, since the kernel model is fitted on
   those records: every input tensor plus the output (an in-place op counts its tensor twice), a
   device-to-device memcpy its bytes once, a foreach (multi_tensor_apply) op its whole tensor lists on
@@ -73,14 +74,14 @@ class Op:
 
     def record(self) -> dict:
         """The calib.ops OpRecord fields as calib.ops.classify records a measured kernel: dtype spelled as
-        it writes it, NaN shapes for non-GEMMs but a reduction's m and k, and no FLOPs for memory-bound
+        it writes it, NaN shapes for memory-bound ops but a reduction's m and k, and no FLOPs for memory-bound
         ops (`flops` here counts their elements for the ET; the kernel model never saw them on one)."""
-        gemm = self.op_class == "gemm"
+        shaped = self.op_class in FLOP_CLASSES
         nan = float("nan")
         return {
-            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if gemm or self.reduced else nan,
-            "n": self.n if gemm else nan, "k": self.k if gemm or self.reduced else nan,
-            "batch": self.batch if gemm else nan,
+            "op_class": self.op_class, "aten_op": self.aten_op, "m": self.m if shaped or self.reduced else nan,
+            "n": self.n if shaped else nan, "k": self.k if shaped or self.reduced else nan,
+            "batch": self.batch if shaped else nan,
             "flops": self.flops if self.op_class in FLOP_CLASSES else 0.0, "bytes": self.bytes,
             "dtype": RECORD_DTYPE[self.dtype], "layout": self.layout,
         }
@@ -113,7 +114,8 @@ Item = Op | Coll | Wait
 # otherwise) are matched on the aten op alone where the sizes agree within 1.5x. The MoE router's
 # small ops (one role for several ops) and ops whose kernels name no layout are not listed.
 MEMOP_LAYOUT: dict[str, str] = {
-    "attn.context": "strided", "attn.gqa.bwd.k": "reduce128x4", "attn.gqa.bwd.v": "reduce512x1",
+    "attn.context": "strided", "attn.flash.bwd.grad_out": "strided", "attn.flash.bwd.out": "strided",
+    "attn.flash.bwd.gqa.k": "reduce128x4", "attn.flash.bwd.gqa.v": "reduce128x4", "attn.gqa.bwd.k": "reduce128x4", "attn.gqa.bwd.v": "reduce512x1",
     "attn.gqa.k": "strided", "attn.gqa.v": "strided", "attn.mask.bool": "unrolled", "attn.mask.fill": "contiguous",
     "attn.masked_fill": "strided", "attn.masked_fill.bwd": "strided", "attn.masked_fill.bwd.copy": "memcpy",
     "attn.norm.bwd.main_grad#": "unrolled", "attn.proj.bias": "strided", "attn.proj.bias.bwd": "reduce128x4",
@@ -271,6 +273,7 @@ class Shapes:
     bias: bool  # linear layers have biases (megatron add_bias_linear; the measured runs: not with SwiGLU)
     gqa: bool  # K/V heads are repeated to the query heads (grouped-query attention)
     rope: bool
+    flash: bool = False  # core attention as torch's fused flash kernels (ParallelConfig.attention)
 
     @property
     def tokens(self) -> int:
@@ -304,7 +307,7 @@ def shapes(model: ModelSpec, par: ParallelConfig) -> Shapes:
         kv=model.kv_groups * model.head_dim // t, d=model.head_dim, f=f,
         f1=2 * f if model.activation == "swiglu" else f, t=t, sp=par.sequence_parallel,
         e=DTYPE_BYTES[par.dtype], dtype=par.dtype, bias=model.activation != "swiglu",
-        gqa=model.kv_groups < model.heads, rope=model.position == "rope",
+        gqa=model.kv_groups < model.heads, rope=model.position == "rope", flash=par.attention == "flash",
     )
 
 
@@ -409,6 +412,58 @@ def attention_core_fwd(sh: Shapes, tag: str) -> list[Item]:
     ]
 
 
+# Type names as the host trace spells them for the flash ops' tensors (calib.ops.classify reads them).
+_BF16, _FP32, _U64, _UNSET = ("Tensor(c10::BFloat16)", "Tensor(float)", "Tensor(long unsigned int)",
+                              "Tensor(nullptr (uninitialized))")
+
+
+def flash_attention(name: str, sh: Shapes, backward: bool = False) -> Op:
+    """torch's causal flash attention on the local heads (measure/mcore.py: FlashCoreAttention), one op
+    with the inputs and outputs its host op records (traces/h100/*-flash: q, k, v in [b, s, heads, d],
+    the fp32 log-sum-exp and the RNG state; backward: dq, dk, dv at the K/V heads, three kernels),
+    classified by calib.ops as the converter classifies the measured one."""
+    from calib.ops import classify
+
+    q, kv = [sh.b, sh.s, sh.heads, sh.d], [sh.b, sh.s, sh.kv // sh.d, sh.d]
+    lse = [sh.b, sh.heads, sh.s]
+    if backward:
+        aten = "aten::_flash_attention_backward"
+        ins = ([q, q, kv, kv, q, lse, [], [], [2], []], [_BF16] * 5 + [_FP32, _UNSET, _UNSET, _U64, _U64])
+        outs = ([q, kv, kv], [_BF16] * 3)
+    else:
+        aten = "aten::_flash_attention_forward"
+        ins = ([q, kv, kv], [_BF16] * 3)
+        outs = ([q, lse, [2], [], [0]], [_BF16, _FP32, _U64, _U64, _BF16])
+    rec = classify(aten, *ins, *outs, causal=True)
+    return Op(name, "attention", rec.flops, rec.bytes, sh.dtype, aten, int(rec.m), int(rec.n), int(rec.k),
+              int(rec.batch), kernels=3 if backward else 1)
+
+
+def flash_core_fwd(sh: Shapes, tag: str) -> list[Item]:
+    """The flash forward reads Q, K and V as the QKV split leaves them ([s, b, heads, d] views) and
+    writes its output in that layout, so neither the local attention's K/V expansion for grouped-query
+    attention nor its context copy runs."""
+    return [flash_attention(f"{tag}.flash", sh)]
+
+
+def flash_core_bwd(sh: Shapes, tag: str) -> list[Item]:
+    """The output gradient and the output made contiguous for the flash backward, the backward itself,
+    and with grouped-query attention the K and V gradients summed over each group's query heads into
+    the K/V heads' gradients (a reduction written into them: their bytes count once more). The two
+    copies run only for more than one sequence per micro-batch: the backward takes both as [b, s,
+    heads, d], and tensors laid out [s, b, heads, d] are that already when b is 1 (no copy in the
+    profiled micro-batch-1 steps, llama8b-1gpu-rcsel-flash and mixtral-1gpu-flash)."""
+    q = sh.tokens * sh.heads * sh.d * sh.e
+    items: list[Item] = [memop(f"{tag}.flash.bwd.{w}", 3 * q, sh.dtype, "aten::copy_")
+                         for w in ("grad_out", "out") if sh.b > 1]
+    items.append(flash_attention(f"{tag}.flash.bwd", sh, backward=True))
+    if sh.gqa:
+        outputs, group = sh.tokens * sh.kv, sh.heads * sh.d // sh.kv
+        items += [dataclasses.replace(memop(f"{tag}.flash.bwd.gqa.{w}", outputs * (group + 2) * sh.e, sh.dtype,
+                                            "aten::sum", outputs * group), m=outputs, k=group) for w in ("k", "v")]
+    return items
+
+
 def attention_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
     T = sh.tokens
     items: list[Item] = [*_norm("attn.norm", model, sh)]
@@ -419,8 +474,11 @@ def attention_fwd(model: ModelSpec, sh: Shapes) -> list[Item]:
         items.append(memop("attn.qkv.contiguous", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::copy_"))
     if sh.rope:
         items += _rope("attn.rope", sh)
-    items += _gqa_expand("attn.gqa", sh)
-    items += attention_core_fwd(sh, "attn")
+    if sh.flash:
+        items += flash_core_fwd(sh, "attn")
+    else:
+        items += _gqa_expand("attn.gqa", sh)
+        items += attention_core_fwd(sh, "attn")
     items.append(gemm("attn.proj", T, sh.h, sh.heads * sh.d, sh.dtype))
     items += _leave_block("attn.tp", sh)
     items += _bias("attn.proj.bias", sh.local_tokens, sh.h, sh)
@@ -631,8 +689,9 @@ def qkv_cat_layout(sh: Shapes, par: ParallelConfig) -> str:
     (GPT-3) torch takes its generic, element-indexed copy (CatArrayBatchedCopy, ~0.9 TB/s in the H200
     steps), except under selective recomputation, whose recomputed core attention hands back
     gradients it copies vectorized (~4x faster), as it always does those of grouped-query attention
-    (every profiled step: benchmarks/memop_layouts.py)."""
-    return "contiguous" if sh.gqa or par.recompute == "selective" else "strided"
+    and those the flash backward hands back (every profiled step: benchmarks/memop_layouts.py;
+    traces/h100/*-flash)."""
+    return "contiguous" if sh.gqa or sh.flash or par.recompute == "selective" else "strided"
 
 
 def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Item]:
@@ -640,10 +699,15 @@ def attention_bwd(model: ModelSpec, par: ParallelConfig, sh: Shapes) -> list[Ite
     items: list[Item] = list(_grad_in_block("attn.tp.bwd", sh))
     items += _bias_grad("attn.proj.bias.bwd", sh.local_tokens, sh.h, sh)
     items += _linear_bwd("attn.proj", T, sh.h, sh.heads * sh.d, sh, None, bias=sh.bias)
-    if par.recompute == "selective":  # megatron's selective recomputation: the core attention forward
-        items += attention_core_fwd(sh, "attn.recompute")
-    items += attention_core_bwd(sh, "attn")
-    items += _gqa_expand("attn.gqa.bwd", sh, backward=True)
+    if sh.flash:
+        if par.recompute == "selective":
+            items += flash_core_fwd(sh, "attn.recompute")
+        items += flash_core_bwd(sh, "attn")
+    else:
+        if par.recompute == "selective":  # megatron's selective recomputation: the core attention forward
+            items += attention_core_fwd(sh, "attn.recompute")
+        items += attention_core_bwd(sh, "attn")
+        items += _gqa_expand("attn.gqa.bwd", sh, backward=True)
     if sh.rope:
         items += _rope("attn.rope.bwd", sh, backward=True)
     items.append(dataclasses.replace(memop("attn.qkv.cat", 2 * T * sh.qkv * sh.e, sh.dtype, "aten::cat"),

@@ -16,6 +16,9 @@ from calib.errors import CalibError
 from calib.workload.models import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
+# Core attention as megatron-core runs it: "local" is its own unfused attention (scores materialised,
+# softmax in fp32), "flash" torch's fused SDPA flash kernels (measure/mcore.py: FlashCoreAttention).
+ATTENTION = ("local", "flash")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     distributed_optimizer: bool = False
     dtype: str = "bf16"
+    attention: str = "local"
 
     @property
     def gpus(self) -> int:
@@ -82,6 +86,8 @@ class ParallelConfig:
             raise CalibError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.overlap_param_gather and not self.distributed_optimizer:
             raise CalibError("overlap_param_gather needs the distributed optimizer")
+        if self.attention not in ATTENTION:
+            raise CalibError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.dtype not in ("bf16", "fp16", "fp32"):
             raise CalibError(f"dtype must be bf16, fp16 or fp32, got {self.dtype!r}")
 

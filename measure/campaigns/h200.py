@@ -216,6 +216,44 @@ TRAININGS += [
     ("gpt6.7b-1gpu-mbs4-rcfull-L15", "gpt3-6.7b@L15", 1, 1, 1, 1, 4, 8, "full", []),
 ]
 
+# Round 16: megatron-core with torch's fused flash attention (--attention flash, measure/mcore.py) on one
+# GPU: flash twins of committed one-GPU configurations, and Llama-3 8B at its own sequence of 8192 with
+# either attention, where the unfused attention's scores dominate (traces/README.md, round 16).
+FLASH = ["--attention", "flash"]
+FLASH_RAW = [*FLASH, "--keep-raw"]  # raw traces to check the converter on the flash ops
+ROUND16 = ["llama8b-1gpu-mbs2-flash", "gpt1.3b-1gpu-mbs4-flash", "gpt6.7b-1gpu-mbs4-rcfull-flash",
+           "gpt13b-1gpu-mbs2-flash", "mixtral-1gpu-flash", "llama8b-1gpu-rcsel-flash", "llama8b-1gpu-s8192-flash",
+           "llama8b-1gpu-s8192", "llama8b-1gpu-mbs2-L8-flash", "gpt6.7b-1gpu-mbs4-rcsel-flash"]
+TRAININGS += [
+    ("llama8b-1gpu-mbs2-flash", L8B, 1, 1, 1, 1, 2, 8, "none", FLASH_RAW),
+    ("gpt1.3b-1gpu-mbs4-flash", G13, 1, 1, 1, 1, 4, 16, "none", FLASH_RAW),
+    ("gpt6.7b-1gpu-mbs4-rcfull-flash", G67B, 1, 1, 1, 1, 4, 8, "full", FLASH),
+    ("gpt13b-1gpu-mbs2-flash", G13B, 1, 1, 1, 1, 2, 8, "none", FLASH),
+    ("mixtral-1gpu-flash", MIX, 1, 1, 1, 1, 1, 4, "none", FLASH),
+    ("llama8b-1gpu-rcsel-flash", L8B, 1, 1, 1, 1, 1, 8, "selective", FLASH),
+    ("llama8b-1gpu-s8192-flash", "llama3-8b@L4", 1, 1, 1, 1, 1, 4, "none", FLASH),
+    ("llama8b-1gpu-s8192", "llama3-8b@L4", 1, 1, 1, 1, 1, 4, "none", []),
+    ("llama8b-1gpu-mbs2-L8-flash", "llama3-8b@L8,S2048", 1, 1, 1, 1, 2, 8, "none", FLASH),
+    ("gpt6.7b-1gpu-mbs4-rcsel-flash", G67B, 1, 1, 1, 1, 4, 8, "selective", FLASH),
+]
+
+# Round 17: flash-attention configurations none of round 16 had, each predicted before it ran by the H100
+# calibration refitted with round 16 (h100/_campaigns/x1-round17/predictions.json), and round 16's Llama-3
+# 8B flash run once more (its repeatability).
+ROUND17 = ["gpt6.7b-1gpu-mbs2-s4096-flash", "llama8b-1gpu-mbs4-flash", "llama8b-1gpu-s8192-mbs2-L2-flash",
+           "gpt13b-1gpu-mbs4-rcsel-flash", "mixtral-1gpu-L1-mbs2-flash", "gpt1.3b-1gpu-s256-flash", "gpt6.7b-1gpu-mbs4-flash",
+           "llama8b-1gpu-mbs2-flash-r17"]
+TRAININGS += [
+    ("gpt6.7b-1gpu-mbs2-s4096-flash", "gpt3-6.7b@L4,S4096", 1, 1, 1, 1, 2, 8, "none", FLASH),
+    ("llama8b-1gpu-mbs4-flash", L8B, 1, 1, 1, 1, 4, 8, "none", FLASH),
+    ("llama8b-1gpu-s8192-mbs2-L2-flash", "llama3-8b@L2", 1, 1, 1, 1, 2, 4, "none", FLASH),
+    ("gpt13b-1gpu-mbs4-rcsel-flash", G13B, 1, 1, 1, 1, 4, 8, "selective", FLASH),
+    ("mixtral-1gpu-L1-mbs2-flash", "mixtral-8x7b@L1,S2048", 1, 1, 1, 1, 2, 4, "none", FLASH),
+    ("gpt1.3b-1gpu-s256-flash", "gpt3-1.3b@L8,S256", 1, 1, 1, 1, 4, 16, "none", FLASH),
+    ("gpt6.7b-1gpu-mbs4-flash", G67B, 1, 1, 1, 1, 4, 8, "none", FLASH),
+    ("llama8b-1gpu-mbs2-flash-r17", L8B, 1, 1, 1, 1, 2, 8, "none", FLASH),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -285,6 +323,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND13]
     jobs += [t(r) for r in ROUND14]
     jobs += [t(r) for r in ROUND15]
+    jobs += [t(r) for r in ROUND16]
+    jobs += [t(r) for r in ROUND17]
     return jobs
 
 
