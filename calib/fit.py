@@ -51,9 +51,9 @@ from calib.ops import (
     EMBEDDING_BWD,
     FLOP_CLASSES,
     INT32_SPAN_BYTES,
-    in_place_pieces,
     is_split_k_reduce,
     kernel_layout,
+    piece_counts,
     split_k_bytes,
 )
 from calib.stack import measured_stack
@@ -248,14 +248,14 @@ def index_piece_runs(kernels: pd.DataFrame) -> np.ndarray:
     1, except in tables converted before the converter shared an op's bytes among its pieces, where
     a piece carries the whole op's. There the pieces are read off the table: back-to-back kernels of
     one name, op and size on one stream, as many (or a multiple: ops repeated back to back) as
-    calib.ops.in_place_pieces gives for their bytes. A table converted
+    calib.ops.piece_counts allows for their bytes, the largest that fits the run. A table converted
     since gives every piece a share, and a share never splits again, so this finds nothing there."""
     out = np.ones(len(kernels))
     if kernels.empty or not set(PIECE_KEY) | {"op_class", "start_s"} <= set(kernels.columns):
         return out  # a table without kernel names and times (synthetic test bundles) has no pieces to find
     df = kernels.reset_index(drop=True)
     by = pd.to_numeric(df["bytes"], errors="coerce").fillna(0.0).to_numpy(float)
-    ok = (by / 2 > INT32_SPAN_BYTES) & (df["op_class"].astype(str).to_numpy() == "memory")  # in_place_pieces > 1
+    ok = (by / 2 > INT32_SPAN_BYTES) & (df["op_class"].astype(str).to_numpy() == "memory")  # piece_counts[0] > 1
     ok[ok] = [not op_family(a).startswith("foreach_") for a in df["aten_op"].astype(str).to_numpy()[ok]]
     if not ok.any():
         return out
@@ -270,9 +270,9 @@ def index_piece_runs(kernels: pd.DataFrame) -> np.ndarray:
         j = i + 1
         while j < len(cand) and key[j] == key[i] and pos[cand[j]] == pos[cand[j - 1]] + 1:
             j += 1
-        k = in_place_pieces(by[cand[i]])
-        if k > 1 and (j - i) % k == 0:
-            out[cand[i:j]] = k
+        # The largest count that divides the run (ops repeated back to back make it a multiple).
+        k = next((k for k in piece_counts(by[cand[i]]) if k > 1 and (j - i) % k == 0), 1)
+        out[cand[i:j]] = k
         i = j
     return out
 

@@ -288,8 +288,11 @@ def reduction_shape(input_shape: Sequence[int], output_shape: Sequence[int] | No
 # TensorIterator indexes an elementwise op's operands with 32-bit offsets (in bytes) where it can;
 # an op whose largest operand spans more (a whole fp32 gradient buffer zeroed or scaled) is halved
 # until every piece fits, each piece one kernel of the same name (aten/src/ATen/TensorIterator.cpp,
-# can_use_32bit_indexing / with_32bit_indexing). The op's bytes are its pieces' together.
-INT32_SPAN_BYTES = 2**31 - 1
+# can_use_32bit_indexing / with_32bit_indexing). The op's bytes are its pieces' together. A piece fits
+# when its last element's offset plus one is at most 2^31 - 1, which for 2- and 4-byte elements is a
+# piece of at most 2^31 bytes: an fp32 tensor of exactly 2^33 bytes runs as 4 pieces, not 8 (the
+# unfused attention's scores of Llama-3 8B at sequence 8192, llama8b-1gpu-s8192).
+INT32_SPAN_BYTES = 2**31
 
 
 def index_pieces(largest_operand_bytes: float) -> int:
@@ -297,6 +300,14 @@ def index_pieces(largest_operand_bytes: float) -> int:
     if not largest_operand_bytes > INT32_SPAN_BYTES:
         return 1
     return 2 ** math.ceil(math.log2(largest_operand_bytes / INT32_SPAN_BYTES))
+
+
+def piece_counts(recorded_bytes: float) -> list[int]:
+    """The index_pieces an elementwise op may run as, largest first, from its recorded bytes alone: its
+    largest operand is between a third (two inputs and an output of one size: mul) and half (an
+    in-place op: the tensor read and written; a bf16-to-fp32 copy is 0.4) of them."""
+    hi, lo = index_pieces(recorded_bytes / 2), index_pieces(recorded_bytes / 3)
+    return [2**e for e in range(int(math.log2(hi)), int(math.log2(lo)) - 1, -1)]
 
 
 def in_place_pieces(recorded_bytes: float) -> int:

@@ -86,3 +86,22 @@ def test_generator_emits_the_pieces_of_a_large_in_place_op() -> None:
     assert small.repeat == 1 and small.bytes == 8000
     out_of_place = memop("x.copy", 8 * n, "fp32", "aten::mul")
     assert in_pieces(out_of_place) == out_of_place and out_of_place.repeat == 1
+
+
+def test_a_piece_of_exactly_two_to_the_31_bytes_fits() -> None:
+    """torch splits while a piece's last offset passes 2^31 - 1: an fp32 tensor of 2^33 bytes runs as 4
+    pieces. The unfused attention's fp32 scores of Llama-3 8B at sequence 8192 are that size, and the
+    profiled step of llama8b-1gpu-s8192 ran each of their copies, masked fills and multiplies as 4
+    kernels (recorded before the converter shared them: 4 x 2^33 bytes through HBM in 1.5 ms otherwise)."""
+    from calib.ops import piece_counts
+
+    assert index_pieces(2**31) == 1 and index_pieces(2**33) == 4 and index_pieces(2**33 + 4) == 8
+    scores = 32 * 8192 * 8192  # elements of one layer's scores at micro-batch 1
+    assert piece_counts(10 * scores) == [8, 4]  # bf16 -> fp32 copy: the fp32 output is 0.4 of its bytes
+    df = pd.read_parquet(H200 / "llama8b-1gpu-s8192" / "kernels.parquet")
+    pieces = index_piece_runs(df)
+    big = df["bytes"] >= 8 * scores
+    assert set(pieces[big.to_numpy() & (df["op_class"] == "memory").to_numpy()]) - {1.0} == {4.0}
+    shared = df.loc[pieces == 4]
+    assert set(shared["aten_op"]) == {"aten::copy_", "aten::masked_fill_", "aten::mul"}
+    assert ((shared["bytes"] / 4 / 2 / shared["time_s"]) < HBM_BYTES_PER_S).all()

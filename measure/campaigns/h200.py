@@ -261,6 +261,21 @@ ROUND18 = ["llama8b-1gpu-s8192", "llama8b-1gpu-s8192-flash", "llama8b-1gpu-mbs2-
            "gpt6.7b-1gpu-mbs4-rcfull-flash", "gpt13b-1gpu-mbs2-flash", "mixtral-1gpu-flash", "gpt6.7b-1gpu-mbs4-flash",
            "llama8b-1gpu-s8192-mbs2-L2-flash"]
 
+# Round 19 (one H200): one full-width layer of Llama-3 70B at sequences 6144 and 8192 with the unfused
+# attention, which need more than an H100 holds, beside its flash twin at 8192; one layer of GPT-3 175B
+# with either attention; H200 twins of round 17's flash configurations. All predicted before they ran by
+# the H200 calibration refitted with round 18 (h200/_campaigns/x1-round19/predictions.json).
+ROUND19 = ["llama70b-1gpu-L1-s8192", "llama70b-1gpu-L1-s6144", "llama70b-1gpu-L1-s8192-flash", "gpt175b-1gpu-L1-flash",
+           "gpt175b-1gpu-L1", "llama8b-1gpu-mbs4-flash", "gpt6.7b-1gpu-mbs2-s4096-flash", "gpt13b-1gpu-mbs4-rcsel-flash",
+           "mixtral-1gpu-L1-mbs2-flash"]
+TRAININGS += [
+    ("llama70b-1gpu-L1-s8192", "llama3-70b@L1", 1, 1, 1, 1, 1, 4, "none", []),
+    ("llama70b-1gpu-L1-s6144", "llama3-70b@L1,S6144", 1, 1, 1, 1, 1, 4, "none", []),
+    ("llama70b-1gpu-L1-s8192-flash", "llama3-70b@L1", 1, 1, 1, 1, 1, 4, "none", FLASH),
+    ("gpt175b-1gpu-L1-flash", "gpt3-175b@L1", 1, 1, 1, 1, 1, 4, "none", FLASH),
+    ("gpt175b-1gpu-L1", "gpt3-175b@L1", 1, 1, 1, 1, 1, 4, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -333,6 +348,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND16]
     jobs += [t(r) for r in ROUND17]
     jobs += [t(r) for r in ROUND18 if r not in ROUND16 + ROUND17]
+    jobs += [t(r) for r in ROUND19 if r not in ROUND17]
     return jobs
 
 
