@@ -91,7 +91,7 @@ def test_h200_runs_throttle_with_their_gemm_share(h200_points) -> None:
     model, err = ClockModel.fit(h200_points)
     # Only runs whose telemetry gives both clocks count (the -notel twins have none).
     assert not any(p.bundle.endswith("-notel") for p in h200_points) and err.count == len(h200_points) >= 40
-    assert model.slope > 0 and 0 < model.knee < model.top <= 0.5
+    assert model.slope > 0 and 0 < model.knee < model.top <= 1.0  # top: the flash runs reach a share of 0.70
     assert err.mape < model.flat_mape  # held out, better than assuming the profiled clock
     # the measured ratios the fit rests on, as profiled_clock_ratio reads them (tests/test_replay_clock.py)
     capped = next(p for p in h200_points if p.bundle == "llama70b-tp2-mbs2-rcsel")
@@ -101,17 +101,18 @@ def test_h200_runs_throttle_with_their_gemm_share(h200_points) -> None:
 
 
 def test_h100_clock_slows_only_where_that_beats_no_slowdown() -> None:
-    """The H100 runs barely throttle (profiled over measured SM clock 1.000-1.024): the fit keeps a hinge
-    only where it predicts held-out runs better than no slowdown at all, and then a small one."""
+    """The H100's unfused runs barely throttle (profiled over measured SM clock 1.000-1.024); its flash
+    runs, whose steps are mostly GEMM and attention, up to 1.10. The fit keeps a hinge only where it
+    predicts held-out runs better than no slowdown at all."""
     if not (TRACES / "h100").is_dir():
         pytest.skip("no committed H100 bundles")
     points = clock_points(load_bundles([TRACES / "h100"]))
-    assert max(p.ratio for p in points) < 1.03
+    assert max(p.ratio for p in points if "flash" not in p.bundle) < 1.03
     model, err = ClockModel.fit(points)
     if model.slope == 0:
         assert "no slowdown" in err.method
     else:
-        assert err.mape < model.flat_mape and model.slope * (model.top - model.knee) < 0.03
+        assert err.mape < model.flat_mape and model.slowdown(model.top) < max(p.ratio for p in points)
 
 
 def test_run_slowdown_measured_or_modelled(h200_points) -> None:

@@ -109,20 +109,28 @@ def test_memory_estimate_without_scores(bundle: Path) -> None:
     assert -0.015 < est.total_bytes / peak - 1 < 0.005
 
 
-def test_round17_predictions_held_before_the_runs() -> None:
-    """Round 17's eight configurations were predicted with the H100 calibration fitted before they
-    ran (predictions.json, committed before them): each step within 4 % and each device peak inside
-    its bracket."""
-    folder = TRACES / "h100" / "_campaigns" / "x1-round17"
+@pytest.mark.parametrize(("gpu", "round_", "limit"), [("h100", "x1-round17", 0.04), ("h200", "x1-round19", 0.05)])
+def test_predictions_made_before_the_runs(gpu: str, round_: str, limit: float) -> None:
+    """Rounds 17 (H100) and 19 (H200) were predicted with the calibration fitted before they ran
+    (predictions.json, committed before them): each step within `limit`, each device peak inside its
+    bracket, and a run that ran out of memory had been called tight or out of memory."""
+    folder = TRACES / gpu / "_campaigns" / round_
     pred = json.loads((folder / "predictions.json").read_text())
-    assert len(pred) == 8
+    assert len(pred) >= 8
+    ran = 0
     for rid, p in pred.items():
-        b = read_bundle(TRACES / "h100" / rid)
+        if not (TRACES / gpu / rid / "manifest.json").is_file():
+            assert "out of memory" in (folder / "logs" / f"{rid}.log").read_text(), rid
+            assert p["memory_verdict"] in ("tight", "out of memory"), rid
+            continue
+        ran += 1
+        b = read_bundle(TRACES / gpu / rid)
         steps = b.table("steps")
         measured = steps.loc[~steps["profiled"], "time_s"].median()
-        assert abs(p["step_time_s"] / measured - 1) < 0.04, rid
+        assert abs(p["step_time_s"] / measured - 1) < limit, rid
         used = b.manifest.memory[0].device_used_bytes / GIB
-        assert p["memory_verdict"] == "fits" and p["device_low_gib"] - 1.0 <= used <= p["device_high_gib"], rid
+        assert p["memory_verdict"] != "out of memory" and p["device_low_gib"] - 1.0 <= used <= p["device_high_gib"], rid
+    assert ran >= 8
 
 
 def test_refresh_halves_once_and_refuses_a_local_run(tmp_path: Path) -> None:

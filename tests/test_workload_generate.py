@@ -414,7 +414,8 @@ def test_memory_ops_carry_the_layout_of_their_role() -> None:
                       ("gpt3-1.3b@L2", ParallelConfig(tp=2, dp=2, global_batch=4, sequence_parallel=True)),
                       ("mixtral-8x7b@L2", ParallelConfig(tp=2, ep=2, dp=2, global_batch=4, sequence_parallel=True)),
                       ("mixtral-8x7b@L2", ParallelConfig(ep=2, dp=2, global_batch=4)),
-                      ("gpt3-1.3b@L2", ParallelConfig(micro_batch=2, global_batch=4, recompute="full"))):
+                      ("gpt3-1.3b@L2", ParallelConfig(micro_batch=2, global_batch=4, recompute="full")),
+                      ("llama3-8b@L2", ParallelConfig(micro_batch=2, global_batch=4, attention="flash"))):
         gen = generate(resolve_model(name), par, roofline)
         for stage in range(par.pp):
             for op in gen.op_counts(stage):

@@ -285,11 +285,18 @@ def flops_per_step(kernels: pd.DataFrame, rank: int) -> float:
 
 
 def _flops_per_step(kr: pd.DataFrame) -> float:
-    """flops_per_step of one rank's kernel rows."""
+    """flops_per_step of one rank's kernel rows. Every kernel of an attention op carries the op's
+    record (the flash backward's three kernels): its FLOPs count once per op instance
+    (calib.models.kernel.op_instances), as the generator counts them."""
+    from calib.models.kernel import op_instances
+
     if kr.empty or "flops" not in kr.columns:
         return 0.0
-    flop = kr["op_class"].astype(str).str.lower().isin(FLOP_CLASSES) & ~kr["name"].map(is_split_k_reduce).astype(bool)
-    return float(pd.to_numeric(kr.loc[flop, "flops"], errors="coerce").fillna(0.0).sum()) / kr["step"].nunique()
+    cls = kr["op_class"].astype(str).str.lower()
+    gemm = (cls == "gemm") & ~kr["name"].map(is_split_k_reduce).astype(bool)
+    attention = op_instances(kr.loc[cls == "attention"])
+    flops = [pd.to_numeric(rows["flops"], errors="coerce").fillna(0.0).sum() for rows in (kr.loc[gemm], attention)]
+    return float(sum(flops)) / kr["step"].nunique()
 
 
 def _flop_rate_for_ranks(by_rank: dict[int, pd.DataFrame], steps: pd.DataFrame, ranks: list[int],
