@@ -4,12 +4,10 @@ telemetry on the host meanwhile, and write one training bundle (complete or fail
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from calib.bundle.schema import (
 )
 from calib.errors import CalibError
 from measure.env import child_env, host_cpu, host_name, software_versions, visible_gpus
+from measure.proctree import kill_tree
 from measure.request import TrainRequest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +41,8 @@ def torchrun_argv(world: int, port: int, request_path: Path) -> list[str]:
 
 
 def run_process(argv: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tuple[int | None, float]:
-    """Run argv in its own process group; kill the whole group on timeout. (status or None, seconds)."""
+    """Run argv in its own process group; kill it and every process it started on timeout.
+    (status or None, seconds)."""
     start = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT),
@@ -50,8 +50,7 @@ def run_process(argv: list[str], env: dict[str, str], log: Path, timeout_s: floa
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
             rc = None
     return rc, time.monotonic() - start

@@ -82,6 +82,21 @@ def test_timeout_leaves_a_failed_bundle(tmp_path: Path) -> None:
     out = measure_training(_req(29831, profile_steps=0, timeout_s=1.0), tmp_path / "slow")
     data = json.loads((out / "manifest.json").read_text())
     assert data["status"] == "failed" and "timed out after 1 s" in data["failure"]
+    # torchrun's workers run in sessions of their own; none may outlive the run that timed out.
+    assert not _processes_naming(tmp_path)
+
+
+def _processes_naming(path: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(path) in cmd:
+                pids.append(int(entry.name))
+    return pids
 
 
 @pytest.mark.parametrize(
@@ -183,7 +198,7 @@ def test_flash_attention_run_records_causal_sdpa(tmp_path: Path) -> None:
     from calib.ops import ATTENTION_OPS, causal_of, classify
 
     par = ParallelConfig(dp=2, micro_batch=1, global_batch=4, attention="flash")
-    out = measure_training(_req(29831, par=par, keep_raw=True), tmp_path / "cpu-flash")
+    out = measure_training(_req(29851, par=par, keep_raw=True), tmp_path / "cpu-flash")
     m = read_bundle(out).manifest
     assert m.status == "complete" and m.spec.attention == "flash"
     assert m.spec.key().endswith("/attn-flash") and ParallelConfig().attention == "local"

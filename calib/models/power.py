@@ -34,6 +34,7 @@ import pandas as pd
 
 from calib.bundle.io import steps_span_s
 from calib.errors import CalibError
+from calib.models.kernel import op_instances
 from calib.ops import FLOP_CLASSES, is_split_k_reduce
 
 ACTIVITIES = ("compute", "memory", "comm", "idle")
@@ -288,8 +289,6 @@ def _flops_per_step(kr: pd.DataFrame) -> float:
     """flops_per_step of one rank's kernel rows. Every kernel of an attention op carries the op's
     record (the flash backward's three kernels): its FLOPs count once per op instance
     (calib.models.kernel.op_instances), as the generator counts them."""
-    from calib.models.kernel import op_instances
-
     if kr.empty or "flops" not in kr.columns:
         return 0.0
     cls = kr["op_class"].astype(str).str.lower()

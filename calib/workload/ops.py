@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 
 from calib.chakra.model import CommType
-from calib.ops import EMBEDDING_BWD, FLOP_CLASSES, in_place_pieces
+from calib.ops import EMBEDDING_BWD, FLOP_CLASSES, classify, in_place_pieces
 from calib.workload.models import ModelSpec
 from calib.workload.parallel import ParallelConfig
 
@@ -422,8 +422,6 @@ def flash_attention(name: str, sh: Shapes, backward: bool = False) -> Op:
     with the inputs and outputs its host op records (traces/h100/*-flash: q, k, v in [b, s, heads, d],
     the fp32 log-sum-exp and the RNG state; backward: dq, dk, dv at the K/V heads, three kernels),
     classified by calib.ops as the converter classifies the measured one."""
-    from calib.ops import classify
-
     q, kv = [sh.b, sh.s, sh.heads, sh.d], [sh.b, sh.s, sh.kv // sh.d, sh.d]
     lse = [sh.b, sh.heads, sh.s]
     if backward:

@@ -5,10 +5,8 @@ they fit, within a wall-clock budget. Jobs run as separate `python -m calib meas
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from measure.env import child_env
+from measure.proctree import kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,13 +99,11 @@ def run_jobs(
             rc = job.proc.poll()
             elapsed = time.monotonic() - job.started
             if rc is None and hard_s is not None and time.monotonic() - t0 > hard_s:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(job.proc.pid, signal.SIGKILL)
+                kill_tree(job.proc.pid)
                 rc = job.proc.wait()
                 job.note = f"killed at the campaign's hard deadline ({hard_s:.0f} s)"
             if rc is None and elapsed > job.timeout_s + 60:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(job.proc.pid, signal.SIGKILL)
+                kill_tree(job.proc.pid)
                 rc = job.proc.wait()
                 job.note = "killed by the campaign's outer timeout"
             if rc is not None:
