@@ -23,6 +23,7 @@ from calib.workload.host import (
     concat,
     count_host,
     count_p2p_syncs,
+    host_recoster,
     set_host_costs,
     summarize,
 )
@@ -204,6 +205,24 @@ def test_fit_runs_fits_the_pipeline_sync_cost_on_the_pipeline_runs() -> None:
     assert {r["id"]: r["p2p_syncs"] for r in model.runs}["q"] == 16
     back = HostModel.from_dict(model.to_dict())
     assert back.p2p_sync_s == model.p2p_sync_s
+
+
+def test_a_recosted_step_is_the_step_generated_at_those_costs() -> None:
+    """The host fit re-costs a generated step at other sync costs instead of generating it again
+    (calib.models.host.prepare_run): node for node, the same trace as generating it at those costs."""
+    model = resolve_model("mixtral-8x7b@L2,S2048")
+    par = ParallelConfig(tp=1, pp=2, dp=2, ep=2, micro_batch=1, global_batch=4)
+    gen = generate(model, par, _kernel_time, HostModel(30e-6, 1e-3, p2p_sync_s=2e-3))
+    for c in gen.workload.classes:
+        host_recoster(c.trace)(30e-6, 4e-4, 7e-4)
+    fresh = generate(model, par, _kernel_time, HostModel(30e-6, 4e-4, p2p_sync_s=7e-4))
+
+    def costs(g: object) -> list[list[tuple]]:
+        return [[(n.id, n.name, n.duration_ns, n.duration_micros, n.ctrl_deps, n.data_deps) for n in c.trace.nodes]
+                for c in g.workload.classes]
+
+    assert costs(gen) == costs(fresh)
+    assert costs(gen) != costs(generate(model, par, _kernel_time, HostModel(30e-6, 1e-3, p2p_sync_s=2e-3)))
 
 
 def test_add_host_costs_syncs_after_sends_and_receives_apart() -> None:

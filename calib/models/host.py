@@ -39,9 +39,11 @@ other configurations, found on the same simulated grid (no new simulation but th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -627,6 +629,7 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.workload.generate import generate
+    from calib.workload.host import host_recoster
 
     spec = bundle.manifest.spec
     if spec is None:
@@ -639,11 +642,22 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
     kernel_time = _same_ops_once(throttled(kernel_model.predict, run_slowdown(bundle, clock)))
 
+    # The generated step's shape depends on the launch cost alone (where the host falls behind inside
+    # a fused node); the sync costs only set durations. The sync and pipeline-sync curves vary those at
+    # a fixed launch cost, so the last step generated is re-costed in place instead of generated again.
+    last: list[tuple[float, Any, list[Callable[[float, float, float], None]]]] = []
+
     def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
         key = (launch_s, sync_s, p2p_s)
         if key not in cache:
-            gen = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
-            cache[key] = simulate(gen.workload, network, system).step_time_s
+            if last and last[0][0] == launch_s:
+                _, workload, recosts = last[0]
+                for recost in recosts:
+                    recost(launch_s, sync_s, p2p_s)
+            else:
+                workload = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s)).workload
+                last[:] = [(launch_s, workload, [host_recoster(c.trace) for c in workload.classes])]
+            cache[key] = simulate(workload, network, system).step_time_s
         return cache[key]
 
     probe = generate(model, par, kernel_time, HostModel(0.0, 0.0))
@@ -680,8 +694,24 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
-    runs = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
-    return fit_runs(runs, cross_validate)
+    with _collector_paused():
+        runs = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
+        return fit_runs(runs, cross_validate)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off while the host model is fitted: each run keeps its last generated
+    step (prepare_run), and scanning those again and again took more time than the fit itself. What
+    the fit leaves in cycles is collected once at the end."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.collect()
 
 
 def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:

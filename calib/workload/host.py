@@ -27,6 +27,7 @@ The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`, `h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
@@ -294,17 +295,30 @@ def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float,
     return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace), p2p_sync_s=p2p_sync_s)
 
 
+def host_recoster(trace: ExecutionTrace) -> Callable[[float, float, float | None], None]:
+    """`set_host_costs` for one trace made by `add_host`, with its launch nodes found once: the host fit
+    re-costs the same trace at many sync costs."""
+    slots = []
+    for n in trace.nodes:
+        if n.attr(ROLE) is None:
+            continue
+        dur = next(a for a in n.attrs if a.name == "duration_ns")
+        slots.append((n, dur, int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)),
+                      bool(n.attr(ROLE_AFTER_P2P, False))))
+
+    def recost(launch_s: float, sync_s: float, p2p_sync_s: float | None = None) -> None:
+        p2p_s = sync_s if p2p_sync_s is None else p2p_sync_s
+        for n, dur, launches, after_sync, after_p2p in slots:
+            ns = _duration_ns(launches, after_sync, after_p2p, launch_s, sync_s, p2p_s)
+            dur.value = ns
+            n.duration_micros = int(round(ns / 1000))
+
+    return recost
+
+
 def set_host_costs(trace: ExecutionTrace, launch_s: float, sync_s: float, p2p_sync_s: float | None = None) -> None:
     """Re-cost the launch nodes of a trace made by `add_host`, in place (`p2p_sync_s` None: `sync_s`)."""
-    p2p_s = sync_s if p2p_sync_s is None else p2p_sync_s
-    for n in trace.nodes:
-        role = n.attr(ROLE)
-        if role is None:
-            continue
-        ns = _duration_ns(int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)),
-                          bool(n.attr(ROLE_AFTER_P2P, False)), launch_s, sync_s, p2p_s)
-        n.set_attr("duration_ns", ns)
-        n.duration_micros = int(round(ns / 1000))
+    host_recoster(trace)(launch_s, sync_s, p2p_sync_s)
 
 
 def count_host(trace: ExecutionTrace) -> tuple[int, int]:
