@@ -128,12 +128,16 @@ def _heldout_group(key: str, group_paths: list[str], other_paths: list[str]) -> 
 
 
 def _kernel_errors(b: Bundle, cal: object) -> tuple[list[float], float, float]:
-    """Relative errors (percent) of the held-out fit's kernel model on this run's measured kernels
-    (the rows `calib fit` would fit on: compute kernels, not communication), plus the summed
-    absolute error and summed measured time (seconds) for a time-weighted figure."""
+    """Relative errors (percent) of the held-out fit's kernel model on this run's measured ops (the
+    rows `calib fit` would fit on: compute kernels, not communication, each op instance's kernels
+    summed as the model is fitted and the generator times them: a flash backward's three kernels or a
+    split-K GEMM and its reduction are one op), plus the summed absolute error and summed measured
+    time (seconds) for a time-weighted figure."""
     from calib.fit import kernel_rows
+    from calib.models.kernel import op_instances
 
     df, _ = kernel_rows([b])
+    df = op_instances(df)
     if df.empty:
         return [], 0.0, 0.0
     try:

@@ -60,3 +60,26 @@ def test_one_run_of_each_parallelism_type_replays(sample_runs: list, tmp_path: P
         assert r.predicted_step_s >= r.breakdown_measured_s["compute"] * 0.999
     assert rep.summary["replay_count"] >= 1
     assert (tmp_path / "validation.html").stat().st_size > 10_000
+
+
+def test_held_out_kernel_errors_are_per_op_instance() -> None:
+    """The kernel model is fitted on op instances (an op's kernels summed); its held-out score must
+    compare like with like: a flash backward's three kernels are one op, not three over-predictions."""
+    from calib.bundle.io import read_bundle
+    from calib.fit import kernel_rows
+    from calib.models.kernel import op_instances
+    from calib.project import default_calibration_path
+    from calib.validate import _kernel_errors
+    from calib.validation import engine
+
+    path = TRACES / "h200" / "llama8b-1gpu-s8192-flash"
+    if not path.is_dir():
+        pytest.skip(f"{path} is not committed")
+    b = read_bundle(path)
+    cal = engine.load_calibration(str(default_calibration_path("H200")))
+    rows, _ = kernel_rows([b])
+    ops = op_instances(rows)
+    errs, abs_s, measured_s = _kernel_errors(b, cal)
+    assert len(ops) < len(rows) and 0.95 * len(ops) <= len(errs) <= len(ops)
+    assert measured_s == pytest.approx(float(rows["time_s"].sum()), rel=0.02)  # every kernel once
+    assert abs_s / measured_s < 0.2  # per kernel it read 0.38: each flash kernel against its whole op
