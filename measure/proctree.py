@@ -14,6 +14,9 @@ import signal
 from pathlib import Path
 
 _PROC = Path("/proc")
+# Reads of the tree while stopping it: the second finds what was started between the first read and the
+# stop; the bound only guards against a process that keeps starting children and cannot be stopped.
+_STOP_ROUNDS = 8
 
 
 def _children_table() -> dict[int, list[int]]:
@@ -49,16 +52,19 @@ def descendants(pid: int) -> list[int]:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL pid's process group and every descendant, including those in sessions of their own.
-    Stopping the tree first keeps a parent from starting a child between the read and the kill."""
-    for _ in range(3):
-        tree = [pid, *descendants(pid)]
-        for p in tree:
+    The tree is stopped first, and read again until no new process appears (a stopped process starts
+    no more children): once a parent is killed, its orphans could no longer be found from pid."""
+    stopped: list[int] = []
+    for _ in range(_STOP_ROUNDS):
+        new = [p for p in [pid, *descendants(pid)] if p not in stopped]
+        if not new:
+            break
+        for p in new:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGSTOP)
+        stopped += new
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in stopped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        for p in [pid, *descendants(pid), *tree]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, signal.SIGKILL)
-        if not descendants(pid):
-            return
+            os.kill(p, signal.SIGKILL)

@@ -645,18 +645,25 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     # The generated step's shape depends on the launch cost alone (where the host falls behind inside
     # a fused node); the sync costs only set durations. The sync and pipeline-sync curves vary those at
     # a fixed launch cost, so the last step generated is re-costed in place instead of generated again.
-    last: list[tuple[float, Any, list[Callable[[float, float, float], None]]]] = []
+    # Its launch nodes are gathered on its first re-costing: most steps (the launch and pace searches)
+    # are never re-costed.
+    last: dict[float, Any] = {}  # launch cost -> the workload last generated, at that cost
+    recosts: list[Callable[[float, float, float | None], None]] = []  # its classes', once gathered
 
     def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
         key = (launch_s, sync_s, p2p_s)
         if key not in cache:
-            if last and last[0][0] == launch_s:
-                _, workload, recosts = last[0]
+            workload = last.get(launch_s)
+            if workload is None:
+                workload = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s)).workload
+                last.clear()
+                last[launch_s] = workload
+                recosts.clear()
+            else:
+                if not recosts:
+                    recosts.extend(host_recoster(c.trace) for c in workload.classes)
                 for recost in recosts:
                     recost(launch_s, sync_s, p2p_s)
-            else:
-                workload = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s)).workload
-                last[:] = [(launch_s, workload, [host_recoster(c.trace) for c in workload.classes])]
             cache[key] = simulate(workload, network, system).step_time_s
         return cache[key]
 
