@@ -4,7 +4,7 @@ megatron-core's optimizer reads the per-tensor gradient norms one by one (`Tenso
 device-to-host copy of `aten::_local_scalar_dense` and a wait for it). Between two such copies with
 nothing else on the GPU, the GPU idles for exactly the host's work from one value's arrival to the
 next copy's launch. This prints that idle time per bundle whose raw profiler traces were kept
-(`raw/device.N.json.gz`), and the CPU time of the read op itself, both under the profiler (which
+(`raw/device.N.json.xz`, or .gz), and the CPU time of the read op itself, both under the profiler (which
 slows the host), beside what the calibration charges such a read (one launch plus one sync).
 
     python benchmarks/host_reads.py [BUNDLE_DIR ...]   (default: every traces/h200 bundle with raw/)
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     print(f"{'bundle':32} {'reads in a row':>14} {'GPU idle between, us p10/p50/p90':>34} {'read op CPU us p50':>19}")
     for d in dirs:
         gaps, cpu = [], []
-        for f in sorted((d / "raw").glob("device.*.json.gz")):
+        for f in sorted((d / "raw").glob("device.*.json.?z")):
             g, c = read_gaps_us(f)
             gaps.append(g)
             cpu.append(c)

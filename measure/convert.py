@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import shutil
 import tempfile
@@ -23,10 +24,10 @@ from measure.conventions import bandwidths_gbps
 
 
 def raw_paths(folder: Path, world: int) -> tuple[dict[int, Path], dict[int, Path]]:
-    """host.N.json(.gz) and device.N.json(.gz) for every rank that has both."""
+    """host.N.json(.gz|.xz) and device.N.json(.gz|.xz) for every rank that has both."""
     host, dev = {}, {}
     for r in range(world):
-        for suffix in (".json", ".json.gz"):
+        for suffix in (".json", ".json.gz", ".json.xz"):
             h, d = folder / f"host.{r}{suffix}", folder / f"device.{r}{suffix}"
             if h.is_file() and d.is_file():
                 host[r], dev[r] = h, d
@@ -92,10 +93,11 @@ def keep_raw(work: Path, raw_dir: Path, world: int, gz: bool = True) -> None:
 
 
 def _plain(path: Path, tmp: Path) -> Path:
-    if path.suffix != ".gz":
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix)
+    if opener is None:
         return path
     dst = tmp / path.name[:-3]
-    with gzip.open(path, "rb") as a, open(dst, "wb") as b:
+    with opener(path, "rb") as a, open(dst, "wb") as b:
         shutil.copyfileobj(a, b)
     return dst
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import lzma
 import os
 import shutil
 from collections.abc import Callable
@@ -262,6 +263,9 @@ CONVERT_CASES = [
     Case("convert-device-not-kineto", _convert(_sample("host.0.json.gz"), lambda t: _write(t, "d.json", "{}")), "not a Kineto trace"),
     Case("convert-device-truncated", _convert(_sample("host.0.json.gz"),
                                               lambda t: _write(t, "d.json.gz", _sample("device.0.json.gz")(t).read_bytes()[:3000])), "truncated"),
+    Case("convert-device-truncated-xz", _convert(_sample("host.0.json.gz"),
+                                                 lambda t: _write(t, "d.json.xz", lzma.compress(gzip.decompress(
+                                                     _sample("device.0.json.gz")(t).read_bytes()))[:3000])), "truncated xz"),
     Case("convert-ranks-differ", _convert(_sample("host.0.json.gz"), _sample("device.1.json.gz")), "different ranks"),
     Case("convert-device-is-folder", _convert(_sample("host.0.json.gz"), lambda t: (t / "dev").mkdir() or t / "dev"), "Is a directory"),
     Case("convert-out-is-folder", lambda t: (t / "o").mkdir() or _convert(_sample("host.0.json.gz"), _sample("device.0.json.gz"), "o")(t),

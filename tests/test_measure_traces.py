@@ -78,7 +78,7 @@ def test_kept_raw_traces_reconvert_to_the_committed_tables(bundles: list, tmp_pa
     for b in [b for b in bundles if b.id in KEPT_RAW]:
         raw = sorted(p.name for p in (b.path / "raw").iterdir())
         world = b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp
-        assert raw == sorted(f"{k}.{r}.json.gz" for k in ("device", "host") for r in range(world))
+        assert raw == sorted(f"{k}.{r}.json.xz" for k in ("device", "host") for r in range(world))  # measure.compact_raw
         copy = tmp_path / b.id
         shutil.copytree(b.path, copy)
         reconvert(copy)

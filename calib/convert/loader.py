@@ -1,9 +1,10 @@
-"""Load a JSON trace file, plain or gzip (by magic bytes), with one-line errors naming the file."""
+"""Load a JSON trace file, plain, gzip or xz (by magic bytes), with one-line errors naming the file."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import zlib
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ def load_json(path: str | Path) -> Any:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise CalibError(f"{p}: corrupt or truncated gzip data: {exc}") from None
+    elif data[:6] == b"\xfd7zXZ\x00":
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as exc:
+            raise CalibError(f"{p}: corrupt or truncated xz data: {exc}") from None
     try:
         return json.loads(data)
     except UnicodeDecodeError as exc:

@@ -10,6 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
+nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
 work=/tmp/campaign
 python3 -m measure.campaigns.h200 --gpus "$gpus" --budget "$budget" --hard "$hard" --timeout "$timeout" \
     --only "$ids" --out "$work"

@@ -276,6 +276,29 @@ TRAININGS += [
     ("gpt175b-1gpu-L1", "gpt3-175b@L1", 1, 1, 1, 1, 1, 4, "none", []),
 ]
 
+# Round 20 (a 2 x H100 lease, the first multi-GPU H100 host): the 2-GPU collectives timed both ways, H100
+# twins of 2-GPU H200 configurations, and the first multi-GPU flash-attention runs (TP with and without
+# sequence parallelism, DP, PP, EP). Predicted before they ran with the H100 calibration, which had no
+# network fit: the preset's datasheet NVLink figures (h100/_campaigns/x2-round20/predictions.json).
+SP = ["--sequence-parallel"]
+ROUND20 = ["collectives-2gpu-loop", "llama8b-tp2", "llama8b-tp2-flash", "gpt6.7b-dp2-mbs4", "gpt6.7b-dp2-mbs4-flash",
+           "llama8b-pp2-mbs2", "llama8b-pp2-mbs2-flash", "mixtral-ep2-mbs2", "mixtral-ep2-mbs2-flash",
+           "collectives-2gpu-kernel", "llama8b-tp2-sp-mbs2", "llama8b-tp2-sp-mbs2-flash", "gpt13b-tp2", "gpt13b-tp2-flash",
+           "gpt6.7b-tp2-mbs2", "gpt1.3b-dp2-mbs4", "mixtral-tp2-sp", "mixtral-tp2-sp-flash"]
+# Its third call: H100 twins of further 2-GPU H200 configurations (distributed optimizer, a 70B pipeline,
+# 175B layers, host-bound sequence-256 runs, the telemetry-off twin), predicted the same way.
+ROUND20B = ["gpt13b-dp2-distopt-og", "llama70b-pp2", "gpt175b-tp2-rcsel", "llama8b-tp2-s256", "mixtral-ep2-s256",
+            "llama8b-tp2-notel", "gpt13b-pp2-rcfull", "gpt6.7b-tp2-mbs4-rcsel"]
+TRAININGS += [
+    ("llama8b-tp2-flash", L8B, 2, 1, 1, 1, 1, 8, "none", FLASH),
+    ("gpt6.7b-dp2-mbs4-flash", G67B, 1, 1, 2, 1, 4, 16, "none", FLASH),
+    ("llama8b-pp2-mbs2-flash", L8B, 1, 2, 1, 1, 2, 8, "none", FLASH),
+    ("mixtral-ep2-mbs2-flash", MIX, 1, 1, 2, 2, 2, 4, "none", FLASH),
+    ("llama8b-tp2-sp-mbs2-flash", L8B, 2, 1, 1, 1, 2, 8, "none", [*SP, *FLASH]),
+    ("gpt13b-tp2-flash", G13B, 2, 1, 1, 1, 1, 8, "none", FLASH),
+    ("mixtral-tp2-sp-flash", MIX, 2, 1, 1, 1, 1, 4, "none", [*SP, *FLASH]),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -349,6 +372,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND17]
     jobs += [t(r) for r in ROUND18 if r not in ROUND16 + ROUND17]
     jobs += [t(r) for r in ROUND19 if r not in ROUND17]
+    planned = {j.id for j in jobs}
+    jobs += [t(r) for r in ROUND20 if r not in planned and not r.startswith("collectives")]
     return jobs
 
 
