@@ -428,6 +428,15 @@ def timed_by_events(b: Bundle) -> bool:
     return (b.manifest.notes or {}).get("timing_method", "events") != "kernel"
 
 
+def timed_in_loop(b: Bundle) -> bool:
+    """Whether an event-timed collectives bundle timed a loop of back-to-back calls (notes.iters > 1),
+    whose per-call time is the longer of the host's launch interval and the kernel (Series)."""
+    try:
+        return int((b.manifest.notes or {}).get("iters") or 1) > 1
+    except (TypeError, ValueError):
+        return False
+
+
 def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(microbenchmark points, training transfer points): domain, kind, group_size, bytes, time_s, bundle
     and events (timed by CUDA events around the call, so with a launch floor: see timed_by_events).
@@ -460,6 +469,7 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
             "time_s": t[ok].astype(float).to_numpy(),
             "bundle": b.id,
             "events": b.manifest.kind == "collectives" and timed_by_events(b),
+            "loop": b.manifest.kind == "collectives" and timed_by_events(b) and timed_in_loop(b),
         })
         out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
         if b.manifest.kind != "collectives":  # one point per NCCL call, not per member rank
@@ -474,10 +484,12 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
 
 def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
     """Median time per (domain, kind, group size, bytes, source, timing), grouped by series: `bench`
-    says microbenchmark or training, `events` which latency the point carries (Series.fit)."""
+    says microbenchmark or training, `events` which latency the point carries and `loop` whether it
+    is a call of an event-timed loop (Series.fit)."""
     parts = [d.assign(bench=flag) for d, flag in ((micro, True), (train, False)) if not d.empty]
     pts = pd.concat(parts, ignore_index=True)
-    agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench", "events"], as_index=False)["time_s"].median()
+    pts["loop"] = pts["loop"].fillna(False).astype(bool) if "loop" in pts.columns else False
+    agg = pts.groupby(["domain", "kind", "group_size", "bytes", "bench", "events", "loop"], as_index=False)["time_s"].median()
     return {(d, k, int(n)): g.sort_values("bytes").reset_index(drop=True)
             for (d, k, n), g in agg.groupby(["domain", "kind", "group_size"])}
 
@@ -497,13 +509,13 @@ def network_fold_predictions(fits: dict[tuple[str, str, int], pd.DataFrame], mod
             tr = g[~test]
             try:
                 ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
-                                 bench=tr["events"].to_numpy(bool))
+                                 bench=tr["events"].to_numpy(bool), loop=tr["loop"].to_numpy(bool))
             except CalibError:
                 continue
             te = g[test]
-            for (bench, events), part in te.groupby(["bench", "events"]):
-                alpha = None if events else model.alpha_for(ser)
-                p = ser.predict(part["bytes"].to_numpy(float), bench=bool(events), alpha_s=alpha)
+            for (bench, events, loop), part in te.groupby(["bench", "events", "loop"]):
+                alpha = None if events and not (loop and np.isfinite(ser.alpha_loop_s)) else model.alpha_for(ser)
+                p = ser.predict(part["bytes"].to_numpy(float), bench=bool(events), alpha_s=alpha, loop=bool(loop))
                 rows.append(pd.DataFrame({"series": f"{dom}/{kind}/{n}", "bench": bool(bench),
                                           "bytes": part["bytes"].to_numpy(float), "pred": p,
                                           "meas": part["time_s"].to_numpy(float)}))
@@ -522,7 +534,8 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
     for (dom, kind, n), g in series_pts.items():
         try:
             model.series[model.key(dom, kind, n)] = Series.fit(
-                dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["events"].to_numpy(bool))
+                dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["events"].to_numpy(bool),
+                loop=g["loop"].to_numpy(bool))
             fits[(dom, kind, n)] = g
         except CalibError:
             skipped.append(f"{dom}/{kind}/{n} ({g['bytes'].nunique()} size(s))")

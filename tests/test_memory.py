@@ -213,3 +213,17 @@ def test_estimate_against_every_committed_run(gpu: str) -> None:
     errs = [abs(p.estimate_bytes / p.allocated_bytes - 1) for p in points]
     assert len(errs) >= 20
     assert max(errs) < 0.04 and sum(errs) / len(errs) < 0.01
+
+
+def test_campaign_predictions_pass_every_modelled_flag() -> None:
+    """measure.campaigns.predict builds each job's configuration with the flags the projection models:
+    round 20 predicted gpt13b-dp2-distopt-og without its distributed optimizer, 30 % over its peak."""
+    from measure.campaigns.predict import predict
+
+    bundle = read_bundle(TRACES / "h100" / "gpt13b-dp2-distopt-og")
+    got = predict(["gpt13b-dp2-distopt-og", "llama8b-pp2vpp2dp2"], "h200-4")
+    distopt = got["gpt13b-dp2-distopt-og"]
+    assert "--distributed-optimizer --overlap-grad-reduce" in distopt["command"]
+    assert "--vpp 2" in got["llama8b-pp2vpp2dp2"]["command"]
+    peak = bundle.manifest.memory[0].peak_allocated_bytes / GIB
+    assert distopt["memory_gib_per_gpu"] == pytest.approx(peak, rel=0.02)

@@ -254,3 +254,28 @@ def test_kernel_timed_microbenchmarks_carry_the_training_latency() -> None:
     ser = Series.fit("intra", "allreduce", 2, ar["bytes"].to_numpy(float), ar["time_s"].to_numpy(float),
                      bench=ar["events"].to_numpy(bool))
     assert ser.has_trace and 0 < ser.alpha_s < 15e-6 and ser.alpha_bench_s > 30e-6
+
+
+def test_loop_timed_points_are_the_longer_of_launch_interval_and_kernel() -> None:
+    """A loop of back-to-back calls between two events times max(launch interval, kernel) per call:
+    fitted so, the loop's points leave the kernel curve as the kernel-timed points alone give it, and
+    an additive latency of their own (the event-timed form) would miss the loop's middle sizes."""
+    kernel = allreduce_time(SIZES, 2)
+    floor = 45e-6
+    looped = np.maximum(floor, kernel)
+    s = np.concatenate([SIZES, SIZES])
+    t = np.concatenate([kernel, looped])
+    events = np.concatenate([np.zeros(len(SIZES), bool), np.ones(len(SIZES), bool)])
+    ser = Series.fit("intra", "allreduce", 2, s, t, bench=events, loop=events)
+    assert ser.alpha_loop_s == pytest.approx(floor, rel=1e-6)
+    assert ser.alpha_s == pytest.approx(30e-6, rel=1e-3)
+    assert np.abs(ser.predict(SIZES, loop=True) / looped - 1).max() < 1e-3
+    assert np.abs(ser.predict(SIZES) / kernel - 1).max() < 1e-3
+    again = Series.from_dict(ser.to_dict())
+    assert again.alpha_loop_s == ser.alpha_loop_s
+    additive = Series.fit("intra", "allreduce", 2, s, t, bench=events)
+    assert np.abs(additive.predict(SIZES, bench=True) / looped - 1).max() > 0.05
+    # Without kernel-timed sizes enough for a curve of their own, loop points count as event-timed.
+    few = Series.fit("intra", "allreduce", 2, np.concatenate([SIZES[:2], SIZES]), np.concatenate([kernel[:2], looped]),
+                     bench=np.r_[False, False, np.ones(len(SIZES), bool)], loop=np.r_[False, False, np.ones(len(SIZES), bool)])
+    assert np.isnan(few.alpha_loop_s)

@@ -81,6 +81,11 @@ class Series:
     timed by CUDA events, whose events around one collective on an idle GPU add a launch floor of
     tens of microseconds. Predictions use `alpha_s`; a series with no kernel-timed latency-bound
     size (<= 1 MiB) gets alpha_bench_s minus its domain's typical floor (CollectiveModel.bench_floor_s).
+    A microbenchmark that times a loop of back-to-back calls between two events measures, per call,
+    the longer of the host's launch interval and the kernel (the launches run ahead of the GPU once
+    kernels outlast them): `alpha_loop_s` is that interval, and such points are fitted and predicted
+    as max(alpha_loop_s, kernel time) rather than with a latency of their own (NaN: no loop points,
+    or too few other sizes to fit the kernel curve without them; they count as event-timed then).
     `pipeline_s_per_sqrt_byte` is c in the module's t = alpha + c*sqrt(x) + x/busbw (0 in files
     written before that form); `residual` is a log-size correction (zero unless fitted with
     max_segments > 0, or loaded from an older file).
@@ -97,20 +102,26 @@ class Series:
     alpha_bench_s: float = float("nan")
     has_trace: bool = True
     pipeline_s_per_sqrt_byte: float = 0.0
+    alpha_loop_s: float = float("nan")
 
     def predict(self, nbytes: np.ndarray, group_size: int | None = None, bench: bool = False,
-                alpha_s: float | None = None) -> np.ndarray:
+                alpha_s: float | None = None, loop: bool = False) -> np.ndarray:
+        """Kernel time (`alpha_s` overrides the series' latency); `bench`: an event-timed call, with its
+        own latency; `loop`: a call of an event-timed loop, max(alpha_loop_s, kernel time)."""
         n = self.group_size if group_size is None else group_size
         s = np.asarray(nbytes, dtype=float)
-        alpha = self.alpha_bench_s if bench else (self.alpha_s if alpha_s is None else alpha_s)
+        if loop and np.isfinite(self.alpha_loop_s):
+            return np.maximum(self.alpha_loop_s, self.predict(s, group_size, alpha_s=alpha_s))
+        alpha = self.alpha_bench_s if bench or loop else (self.alpha_s if alpha_s is None else alpha_s)
         x = s * bus_factor(self.kind, n)
         base = alpha + self.pipeline_s_per_sqrt_byte * np.sqrt(x) + x / self.busbw_bytes_per_s
         return base * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
 
     @classmethod
     def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 0,
-            bench: np.ndarray | None = None) -> Series:
-        """Fit the module's form; `bench` marks points timed by CUDA events (their own latency).
+            bench: np.ndarray | None = None, loop: np.ndarray | None = None) -> Series:
+        """Fit the module's form; `bench` marks points timed by CUDA events (their own latency), `loop`
+        those of them timed over a loop of calls (max(alpha_loop_s, kernel time), see the class doc).
 
         max_segments > 0 adds a clamped piecewise-linear residual in log size on top (least
         squares in log time); 5-fold cross-validation on the H200 collectives found it hurts
@@ -118,6 +129,15 @@ class Series:
         s = np.asarray(nbytes, dtype=float)
         t = np.asarray(t, dtype=float)
         b = np.zeros(len(s), dtype=bool) if bench is None else np.asarray(bench, dtype=bool)
+        lp = np.zeros(len(s), dtype=bool) if loop is None else np.asarray(loop, dtype=bool)
+        if lp.any() and len(np.unique(s[~lp])) >= MIN_SERIES_POINTS and np.all(np.isfinite(t)) and np.all(t > 0):
+            ser = cls.fit(domain, kind, n, s[~lp], t[~lp], max_segments, b[~lp])
+            kernel = ser.predict(s[lp])
+            if np.all(np.isfinite(kernel)):  # a kernel curve needs a kernel-timed latency (alpha_s)
+                ser.alpha_loop_s = _loop_floor(kernel, t[lp])
+                ser.count = len(s)
+                ser.bytes_range = (float(s.min()), float(s.max()))
+                return ser
         if len(np.unique(s)) < MIN_SERIES_POINTS:
             raise CalibError(f"collective {kind} over {n} GPUs ({domain}): {len(np.unique(s))} size(s), "
                              f"need {MIN_SERIES_POINTS}")
@@ -139,7 +159,7 @@ class Series:
     def to_dict(self) -> dict:
         return {
             "domain": self.domain, "kind": self.kind, "group_size": self.group_size, "alpha_s": self.alpha_s,
-            "alpha_bench_s": self.alpha_bench_s, "has_trace": self.has_trace,
+            "alpha_bench_s": self.alpha_bench_s, "alpha_loop_s": self.alpha_loop_s, "has_trace": self.has_trace,
             "busbw_bytes_per_s": self.busbw_bytes_per_s,
             "pipeline_s_per_sqrt_byte": self.pipeline_s_per_sqrt_byte,
             "residual": self.residual.to_dict(), "count": self.count,
@@ -152,7 +172,15 @@ class Series:
                    float(d["busbw_bytes_per_s"]), ClampedPiecewise.from_dict(d["residual"]), int(d["count"]),
                    (float(d["bytes_range"][0]), float(d["bytes_range"][1])),
                    float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)),
-                   float(d.get("pipeline_s_per_sqrt_byte", 0.0)))
+                   float(d.get("pipeline_s_per_sqrt_byte", 0.0)), float(d.get("alpha_loop_s", float("nan"))))
+
+
+def _loop_floor(kernel: np.ndarray, t: np.ndarray) -> float:
+    """The launch interval f minimising the mean |max(f, kernel) - t| / t over a loop's points: the
+    loss is piecewise linear in f, so its minimum lies at one of the points' times or kernel times."""
+    cands = np.unique(np.concatenate([t, kernel]))
+    loss = [float(np.mean(np.abs(np.maximum(f, kernel) - t) / t)) for f in cands]
+    return float(cands[int(np.argmin(loss))])
 
 
 L1_ITERATIONS = 40

@@ -21,6 +21,8 @@ from calib.workload.models import resolve_model
 from calib.workload.parallel import ParallelConfig
 from measure.campaigns.h200 import TRAININGS
 
+_MODELLED_FLAGS = ("--sequence-parallel", "--distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather")
+
 
 def _flag(extra: list[str], name: str, default: str) -> str:
     return extra[extra.index(name) + 1] if name in extra else default
@@ -35,13 +37,20 @@ def predict(ids: list[str], cluster: str) -> dict[str, dict]:
     for rid in ids:
         _, model, tp, pp, dp, ep, mbs, gbs, rc, extra = specs[rid]
         attention = _flag(extra, "--attention", "local")
-        par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mbs, global_batch=gbs, recompute=rc,
-                             sequence_parallel="--sequence-parallel" in extra, attention=attention)
+        # Every flag of the job that the projection models (round 20 predicted gpt13b-dp2-distopt-og
+        # without its distributed optimizer: its memory 30 % high).
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, vpp=int(_flag(extra, "--vpp", "1")), micro_batch=mbs,
+                             global_batch=gbs, recompute=rc, sequence_parallel="--sequence-parallel" in extra,
+                             distributed_optimizer="--distributed-optimizer" in extra,
+                             overlap_grad_reduce="--overlap-grad-reduce" in extra,
+                             overlap_param_gather="--overlap-param-gather" in extra, attention=attention)
         r = project(resolve_model(model), par, preset, cal)
         d = r.memory_detail_gib
         out[rid] = {
             "command": (f"calib project --cluster {cluster} --gpus {tp * pp * dp} --json --model {model} --tp {tp} "
-                        f"--pp {pp} --ep {ep} --mbs {mbs} --gbs {gbs} --recompute {rc} --attention {attention}"),
+                        f"--pp {pp} --ep {ep} --mbs {mbs} --gbs {gbs} --recompute {rc} --attention {attention}"
+                        + "".join(f" {f}" for f in _MODELLED_FLAGS if f in extra)
+                        + (f" --vpp {par.vpp}" if par.vpp > 1 else "")),
             "calibration": f"{path.name} ({r.calibration_id})",
             "step_time_s": r.step_time_s, "memory_verdict": r.memory_verdict,
             "memory_gib_per_gpu": r.memory_gib_per_gpu, "device_low_gib": d["device_low"],
