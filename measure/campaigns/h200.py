@@ -299,6 +299,13 @@ TRAININGS += [
     ("mixtral-tp2-sp-flash", MIX, 2, 1, 1, 1, 1, 4, "none", [*SP, *FLASH]),
 ]
 
+# Round 21 (2 x H200): H200 twins of round 20's multi-GPU flash-attention runs, whose unfused twins ran
+# on H200 pairs before (predicted before the call by the H200 calibration), and both 2-GPU collective
+# harnesses again on another host, to set host-to-host repeatability beside the network model's error.
+ROUND21 = ["llama8b-tp2-flash", "gpt6.7b-dp2-mbs4-flash", "llama8b-pp2-mbs2-flash", "mixtral-ep2-mbs2-flash",
+           "llama8b-tp2-sp-mbs2-flash", "gpt13b-tp2-flash", "mixtral-tp2-sp-flash", "collectives-2gpu-kernel-r21",
+           "collectives-2gpu-loop-r21"]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -374,6 +381,12 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND19 if r not in ROUND17]
     planned = {j.id for j in jobs}
     jobs += [t(r) for r in ROUND20 if r not in planned and not r.startswith("collectives")]
+    jobs.append(Job("collectives-2gpu-kernel-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-kernel-r21"),
+                                                       "--factor", "2", "--group-sizes", "2", "--timing", "kernel",
+                                                       "--repeats", "50"], est_s=90, timeout_s=300))
+    jobs.append(Job("collectives-2gpu-loop-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop-r21"),
+                                                     "--factor", "2", "--group-sizes", "2", "--iters", "20"],
+                    est_s=90, timeout_s=300))
     return jobs
 
 
