@@ -12,6 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"
 nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
 work=/tmp/campaign
+rm -rf "$work" /tmp/raw  # a warm machine keeps the last call's: it must not travel back again
 python3 -m measure.campaigns.h200 --gpus "$gpus" --budget "$budget" --hard "$hard" --timeout "$timeout" \
     --only "$ids" --out "$work"
 mkdir -p /tmp/raw

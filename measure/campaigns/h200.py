@@ -306,6 +306,19 @@ ROUND21 = ["llama8b-tp2-flash", "gpt6.7b-dp2-mbs4-flash", "llama8b-pp2-mbs2-flas
            "llama8b-tp2-sp-mbs2-flash", "gpt13b-tp2-flash", "mixtral-tp2-sp-flash", "collectives-2gpu-kernel-r21",
            "collectives-2gpu-loop-r21"]
 
+# Round 21 ran on 2 x H100 (a call for nvidia-h200-x2 may be given H100s): its flash runs came back as
+# repeats of round 20's on another host, 1-5 % faster and steady (0.7-5.6 % step spread where round 20's
+# host spread 11-34 %). Its second call: the round 20 configurations that ran unsteadily, again on that host.
+ROUND21_BASE = ["llama8b-tp2", "llama8b-tp2-sp-mbs2", "gpt13b-tp2", "gpt6.7b-tp2-mbs2", "mixtral-tp2-sp",
+                "mixtral-ep2-mbs2", "llama8b-tp2-s256", "mixtral-ep2-s256", "gpt175b-tp2-rcsel", "gpt6.7b-tp2-mbs4-rcsel",
+                "llama8b-tp2-notel", "llama8b-pp2-mbs2", "gpt6.7b-dp2-mbs4"]
+TRAININGS += [(f"{s[0]}-r21", *s[1:]) for s in TRAININGS if s[0] in ROUND21_BASE]
+ROUND21B = [f"{rid}-r21" for rid in ROUND21_BASE]
+# Its third call: H100 twins of the 2-GPU H200 configurations that had none (predicted before the call by
+# the H100 calibration of the day, predictions-c.json).
+ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
+            "llama70b-tp2-mbs2-rcsel", "llama8b-dp2-mbs2-rcsel", "mixtral-tp2-sp-rcsel", "mixtral-tp2-sp-s256"]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -381,6 +394,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND19 if r not in ROUND17]
     planned = {j.id for j in jobs}
     jobs += [t(r) for r in ROUND20 if r not in planned and not r.startswith("collectives")]
+    jobs += [t(r) for r in ROUND21B]
     jobs.append(Job("collectives-2gpu-kernel-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-kernel-r21"),
                                                        "--factor", "2", "--group-sizes", "2", "--timing", "kernel",
                                                        "--repeats", "50"], est_s=90, timeout_s=300))
