@@ -1,7 +1,7 @@
 """Generator fidelity: the generated step against the profiled one, kernel by kernel.
 
 For every real training bundle (default traces/h200) and every pipeline stage's representative rank
-(tp 0, dp 0), the profiled step's GPU kernels (the converted ET `et/rank.N.et.gz`: one node per
+(tp 0, dp 0), the profiled step's GPU kernels (the converted ET `et/rank.N.et.xz`: one node per
 kernel with `op_class`, `aten_op`, `duration_ns`; the profiled step covers one optimizer step with
 all its micro-batches) are set against the generated workload of the bundle's spec
 (calib.validation.engine.model_of / parallel_of, calib.workload.generate.generate with the
@@ -86,9 +86,9 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
     from calib.chakra.model import NodeType
     from calib.errors import CalibError
 
-    path = Path(bundle.path) / "et" / f"rank.{rank}.et.gz"
-    if not path.exists():
-        raise CalibError(f"{path}: missing (the profiled step of rank {rank})")
+    path = next((p for p in bundle.et_files() if p.name.startswith(f"rank.{rank}.")), None)
+    if path is None:
+        raise CalibError(f"{bundle.path}: et/ has no ET of rank {rank} (the profiled step)")
     rows, comm, dtoh = [], 0, 0
     for n in read_et(path).nodes:
         if n.is_cpu_op:

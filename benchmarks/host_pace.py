@@ -43,7 +43,7 @@ def main(cal_path: str, traces: str) -> None:
     print(f"{'run':30} {'measured ms':>11} {'profiled ms':>11} {'needed us':>9} {'profiled us':>11} {'pairs':>6} {'ratio':>6}")
     ratios = []
     for r in runs:
-        et = Path(traces) / r["id"] / "et" / "rank.0.et.gz"
+        et = Path(traces) / r["id"] / "et" / "rank.0.et.xz"
         if not et.is_file() or r.get("replay_launch_s") is None:
             continue
         pace, pairs, span = profiled_pace_us(et)

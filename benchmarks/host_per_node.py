@@ -47,10 +47,10 @@ def main(report: Path) -> None:
           f"{'us/node':>8s} {'replay %':>9s} {'held-out %':>10s}")
     for run in sorted(measured):
         path = next(traces.glob(f"*/{run}"), None)
-        if path is None or not (path / "et" / "rank.0.et.gz").is_file():
+        if path is None or not (path / "et" / "rank.0.et.xz").is_file():
             continue
         spec = read_bundle(path).manifest.spec
-        nodes, coll, syncs = node_counts(path / "et" / "rank.0.et.gz")
+        nodes, coll, syncs = node_counts(path / "et" / "rank.0.et.xz")
         rep, held = (_pct(errors[run].get(k)) for k in ("replay", "heldout"))
         print(f"{run:30s} {spec.tp * spec.pp * spec.dp:4d} {spec.ep:3d} {measured[run] * 1e3:8.1f} {nodes:6d} "
               f"{coll:5d} {syncs:5d} {measured[run] / nodes * 1e6:8.1f} {rep:>9s} {held:>10s}")

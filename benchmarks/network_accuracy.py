@@ -13,7 +13,8 @@ harnesses add a launch floor: one call between two CUDA events 34-59 us at the s
 of 20 calls ~20 us per call, which it reaches as max(floor, kernel time)); and per harness its
 smallest time. Then the training collectives by how much of their transfer ran beside compute
 kernels on the same rank (read from the bundle's ETs): their time over the model's, per band of
-that overlap. Last, the ASTRA-sim export's in-sample error per series.
+that overlap; the same harness run again on another host (`X-rNN`), by size band. Last, the ASTRA-sim
+export's in-sample error per series.
 """
 
 from __future__ import annotations
@@ -132,6 +133,27 @@ def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
     return out
 
 
+def host_repeats(bundles: list) -> pd.DataFrame:
+    """The same microbenchmark harness run again on another host (bundle `X` and `X-rNN`): per kind and
+    size >= 1 MiB, the repeat's median time over the first's, in %. What no model of (kind, group size,
+    bytes) can get under, since the hosts disagree."""
+    import re
+
+    by_id = {b.id: b for b in bundles if b.manifest.kind == "collectives"}
+    rows = []
+    for rid, b in by_id.items():
+        m = re.fullmatch(r"(.+)-r\d+", rid)
+        if not m or m.group(1) not in by_id:
+            continue
+        key = ["kind", "group_size", "bytes"]
+        first = by_id[m.group(1)].table("collectives").groupby(key)["time_s"].median()
+        again = b.table("collectives").groupby(key)["time_s"].median()
+        j = pd.concat([first.rename("first"), again.rename("again")], axis=1).dropna().reset_index()
+        j = j[j["bytes"] >= 2**20]
+        rows.append(j.assign(harness=m.group(1), diff_pct=100 * (j["again"] / j["first"] - 1)))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
 def _row(name: str, errors: dict, big: pd.DataFrame) -> dict:
     """One line of harness_variants: the fit's figure and its microbenchmark / training parts."""
     return {"microbenchmarks": name, "all %": errors["network"].mape, "points": errors["network"].count,
@@ -192,6 +214,13 @@ def main(argv: list[str]) -> int:
     ev = micro[micro["events"].astype(bool)]
     print("smallest time per event-timed bundle and group size, us:")
     print((ev.groupby(["bundle", "group_size"])["time_s"].min() * 1e6).round(1).unstack("group_size").to_string())
+
+    rep = host_repeats(bundles)
+    if not rep.empty:
+        print("\nthe same harness on two hosts (X vs X-rNN), |repeat / first - 1| in %, sizes >= 1 MiB:")
+        band2 = pd.cut(np.log2(rep["bytes"]), [20, 25, 40], right=False, labels=["1-32 MiB", ">= 32 MiB"])
+        print(rep.assign(d=rep["diff_pct"].abs()).groupby(["harness", band2], observed=True)["d"]
+              .agg(["mean", "max", "count"]).round(2).unstack(1).to_string())
 
     ov = compute_overlap(bundles, model)
     if not ov.empty:

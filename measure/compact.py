@@ -1,10 +1,12 @@
-"""Recompress a bundle's kept raw traces (raw/*.json.gz) with xz, losslessly and checked.
+"""Recompress a bundle's gzip files with xz, losslessly and checked: its kept raw traces
+(raw/*.json.gz) and its Chakra ETs (et/rank.N.et.gz).
 
-    python -m measure.compact_raw BUNDLE_DIR [...]
+    python -m measure.compact BUNDLE_DIR [...]
 
-The committed tree travels with every device call under a 64 MiB limit, and the raw Kineto and host
-traces are its largest files: xz keeps the same JSON in less than half the bytes of gzip. Each file is
-decompressed again and compared byte for byte before the .gz goes; readers take either (by magic bytes).
+The committed tree travels with every device call under a 64 MiB limit, and these are its largest
+files: xz keeps the same bytes in about half of gzip's (raw JSON traces under half, ETs ~0.48).
+Each file is decompressed again and compared byte for byte before the .gz goes; every reader takes
+either (by magic bytes). Bundles converted since round 21 write their ETs in xz already.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 from calib.errors import CalibError
 
 PRESET = 9 | lzma.PRESET_EXTREME
+PATTERNS = ("raw/*.json.gz", "et/rank.*.et.gz")
 
 
-def compact(raw_dir: Path) -> tuple[int, int]:
-    """(bytes before, bytes after) for every *.json.gz in raw_dir, each replaced by its .json.xz."""
+def compact(bundle: Path) -> tuple[int, int]:
+    """(bytes before, bytes after) over every gzip file of PATTERNS in `bundle`, each replaced by its .xz."""
     before = after = 0
-    for gz in sorted(raw_dir.glob("*.json.gz")):
+    for gz in sorted(p for pattern in PATTERNS for p in bundle.glob(pattern)):
         data = gzip.decompress(gz.read_bytes())
         packed = lzma.compress(data, preset=PRESET)
         if lzma.decompress(packed) != data:
@@ -42,8 +45,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("bundles", nargs="+")
     for b in ap.parse_args().bundles:
-        before, after = compact(Path(b) / "raw")
-        print(f"{b}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+        before, after = compact(Path(b))
+        if before:
+            print(f"{b}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

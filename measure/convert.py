@@ -46,7 +46,8 @@ def convert_to(bundle_dir: Path, host: dict[int, Path], dev: dict[int, Path], st
     et = bundle_dir / "et"
     et.mkdir(exist_ok=True)
     for rank, trace in sorted(conv.traces.items()):
-        write_et(trace, et / f"rank.{rank}.et.gz")
+        write_et(trace, et / f"rank.{rank}.et.xz")
+        (et / f"rank.{rank}.et.gz").unlink(missing_ok=True)  # an older conversion's, which would stand beside it
     groups = {str(k): list(v) for k, v in sorted(conv.comm_groups.items())}
     _atomic_text(et / "comm_groups.json", json.dumps(groups, indent=1))
     kernels = conv.kernels.copy()

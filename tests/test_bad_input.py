@@ -81,7 +81,7 @@ def run_bad(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _raw_et() -> bytes:
-    return gzip.decompress((GOOD / "et" / "rank.0.et.gz").read_bytes())
+    return lzma.decompress((GOOD / "et" / "rank.0.et.xz").read_bytes())
 
 
 def _write(tmp: Path, name: str, data: bytes | str) -> Path:
@@ -193,7 +193,8 @@ TRACE_FILES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "empty": (lambda t: _write(t, "e.et", b""), "empty Chakra ET"),
     "random-bytes": (lambda t: _write(t, "r.et", np.random.default_rng(1).bytes(4000)), "Chakra ET"),
     "truncated-et": (lambda t: _write(t, "t.et", _raw_et()[: len(_raw_et()) // 2]), "truncated Chakra ET"),
-    "truncated-gz": (lambda t: _write(t, "t.et.gz", (GOOD / "et" / "rank.0.et.gz").read_bytes()[:5000]), "truncated gzip"),
+    "truncated-gz": (lambda t: _write(t, "t.et.gz", gzip.compress(_raw_et())[:5000]), "truncated gzip"),
+    "truncated-xz": (lambda t: _write(t, "t.et.xz", (GOOD / "et" / "rank.0.et.xz").read_bytes()[:5000]), "truncated xz"),
     "json-not-et": (lambda t: _write(t, "j.et", json.dumps({"schema": "1.0", "nodes": []})), "Chakra ET"),
 }
 
@@ -466,7 +467,9 @@ FIT_CASES = [
     Case("fit-manifest-not-json", _fit(_broken(lambda d: (d / "manifest.json").write_text('{"schema": '))), "not valid JSON"),
     Case("fit-manifest-not-object", _fit(_broken(lambda d: (d / "manifest.json").write_text("[1]"))), "not a JSON object"),
     Case("fit-manifest-missing", _fit(_broken(lambda d: (d / "manifest.json").unlink())), "has no manifest.json"),
-    Case("fit-missing-rank-et", _fit(_broken(lambda d: (d / "et" / "rank.1.et.gz").unlink())), "et/ lacks rank(s) [1]"),
+    Case("fit-missing-rank-et", _fit(_broken(lambda d: (d / "et" / "rank.1.et.xz").unlink())), "et/ lacks rank(s) [1]"),
+    Case("fit-two-files-one-rank", _fit(_broken(lambda d: shutil.copy(d / "et" / "rank.1.et.xz", d / "et" / "rank.1.et.gz"))),
+         "more than one file for rank(s) [1]"),
     Case("fit-nan-telemetry", _fit(_broken(_column("telemetry", "power_w", np.nan))), "NaN in power_w"),
     Case("fit-nan-steps", _fit(_broken(_column("steps", "time_s", np.nan))), "NaN step times"),
     Case("fit-negative-steps", _fit(_broken(_column("steps", "time_s", -1.0))), "step times <= 0"),
@@ -595,7 +598,7 @@ VALIDATE_CASES = [
     Case("validate-missing-path", _validate(lambda t: t / "nope"), "neither a bundle nor a folder of bundles"),
     Case("validate-failed-bundle", _validate(_broken(_manifest(status="failed", failure="GPU 1 fell off the bus"))), "failed run: GPU 1"),
     Case("validate-partial-bundle", _validate(_broken(None, "run.partial")), "a .partial folder"),
-    Case("validate-missing-rank", _validate(_broken(lambda d: (d / "et" / "rank.1.et.gz").unlink())), "et/ lacks rank(s) [1]"),
+    Case("validate-missing-rank", _validate(_broken(lambda d: (d / "et" / "rank.1.et.xz").unlink())), "et/ lacks rank(s) [1]"),
     Case("validate-nan-telemetry", _validate(_broken(_column("telemetry", "power_w", np.nan))), "NaN in power_w"),
     Case("validate-calibration-missing", _validate(_real(GOOD)), "does not exist"),
     Case("validate-calibration-not-yaml", _validate(_real(GOOD), lambda t: _write(t, "c.yaml", "schema: [")), "calibration file"),
@@ -628,8 +631,8 @@ def test_validate_thresholds_missing(h200_calibration: Path, tmp_path: Path, cap
 
 
 def test_validate_truncated_et(h200_calibration: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_bad(Case("validate-truncated-et", _validate(_broken(_truncate("et/rank.1.et.gz", 1000)), lambda _: h200_calibration),
-                 "rank.1.et.gz"), tmp_path, capsys)
+    run_bad(Case("validate-truncated-et", _validate(_broken(_truncate("et/rank.1.et.xz", 1000)), lambda _: h200_calibration),
+                 "rank.1.et.xz"), tmp_path, capsys)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import lzma
 import time
 from pathlib import Path
 
@@ -83,14 +84,16 @@ def _sample_trace() -> ExecutionTrace:
     return ExecutionTrace(nodes=[a, b, c], metadata_attrs=[Attr("rank", 0)])
 
 
-def test_write_read_plain_and_gzip(tmp_path: Path) -> None:
+def test_write_read_plain_gzip_and_xz(tmp_path: Path) -> None:
     trace = _sample_trace()
-    plain, gz = tmp_path / "rank.0.et", tmp_path / "rank.0.et.gz"
+    plain, gz, xz = tmp_path / "rank.0.et", tmp_path / "rank.0.et.gz", tmp_path / "rank.0.et.xz"
     write_et(trace, plain)
     write_et(trace, gz)
+    write_et(trace, xz)
     assert plain.read_bytes()[:2] != b"\x1f\x8b"
     assert gzip.decompress(gz.read_bytes()) == plain.read_bytes()
-    for p in (plain, gz):
+    assert lzma.decompress(xz.read_bytes()) == plain.read_bytes()
+    for p in (plain, gz, xz):
         back = read_et(p)
         assert encode(back) == plain.read_bytes()
         assert back.nodes[1].attr("weights") == [0.5, 1.5]
@@ -99,7 +102,7 @@ def test_write_read_plain_and_gzip(tmp_path: Path) -> None:
         assert back.nodes[1].outputs == IOInfo()
         assert back.nodes[0].outputs is None
         assert back.metadata_attrs[0].value == 0
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["rank.0.et", "rank.0.et.gz"]  # no temp files left
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["rank.0.et", "rank.0.et.gz", "rank.0.et.xz"]  # no temp files left
 
 
 def test_truncated_and_corrupt_files_give_one_line_errors(tmp_path: Path) -> None:
@@ -118,6 +121,10 @@ def test_truncated_and_corrupt_files_give_one_line_errors(tmp_path: Path) -> Non
     gz.write_bytes(gzip.compress(data)[:-10])
     with pytest.raises(CalibError, match=r"x\.et\.gz: corrupt or truncated gzip"):
         read_et(gz)
+    xz = tmp_path / "x.et.xz"
+    xz.write_bytes(lzma.compress(data)[:-10])
+    with pytest.raises(CalibError, match=r"x\.et\.xz: corrupt or truncated xz"):
+        read_et(xz)
     with pytest.raises(CalibError, match="cannot read"):
         read_et(tmp_path / "missing.et")
     with pytest.raises(CalibError, match="empty Chakra ET"):

@@ -134,7 +134,7 @@ def test_redone_p2p_deps_of_committed_ets_equal_the_converter(conversion, tmp_pa
     shutil.copytree(TRACES / "h200" / "gpt6.7b-pp2-mbs2", copy)
     assert redo_p2p_deps(copy) == 0  # the committed ETs are redone already
     for rank, fresh in conversion.traces.items():
-        committed = read_et(copy / "et" / f"rank.{rank}.et.gz")
+        committed = read_et(copy / "et" / f"rank.{rank}.et.xz")
         assert [sorted(n.data_deps) for n in committed.nodes] == [sorted(n.data_deps) for n in fresh.nodes], rank
 
 
@@ -149,7 +149,7 @@ def test_redo_p2p_deps_moves_an_early_send_dependency(tmp_path):
 
     copy = tmp_path / "gpt6.7b-pp2-mbs2"
     shutil.copytree(TRACES / "h200" / "gpt6.7b-pp2-mbs2", copy)
-    et = copy / "et" / "rank.1.et.gz"
+    et = copy / "et" / "rank.1.et.xz"
     trace = read_et(et)
     send = next(n for n in trace.nodes if n.type == NodeType.COMM_SEND_NODE)
     (right,) = _cross_stream_deps(trace, send)

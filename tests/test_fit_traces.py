@@ -73,8 +73,10 @@ def test_collective_odd_sizes_within_reported_error(fitted: tuple[list, Calibrat
     if micro.empty or "network" not in cal.errors:
         pytest.skip("no collective microbenchmarks in these bundles")
     errs = []
-    # One timing method per curve: event-timed points carry a launch floor, kernel-timed ones do not.
-    for (_, kind, n, _), g in micro.groupby(["domain", "kind", "group_size", "events"]):
+    # One timing method per curve: event-timed points carry a launch floor, kernel-timed ones do not, and
+    # a loop of event-timed calls measures max(launch interval, kernel) (calib.models.network.Series):
+    # mixed into the single-call curve, two loop harnesses on two hosts (round 21) put it at 17.7 %.
+    for (_, kind, n, _, _), g in micro.groupby(["domain", "kind", "group_size", "events", "loop"]):
         g = g.groupby("bytes", as_index=False)["time_s"].median().sort_values("bytes")
         s, t = g["bytes"].to_numpy(float), g["time_s"].to_numpy(float)
         if len(s) < 8:

@@ -46,6 +46,52 @@ def test_training_bundles_span_the_parallel_space(bundles: list) -> None:
         assert (b.path / "raw").exists() == (b.id in KEPT_RAW), b.id
 
 
+def test_committed_ets_are_xz(bundles: list) -> None:
+    """The tree travels with every device call under a size limit: committed ETs are kept in xz
+    (measure.compact; about half of gzip's bytes)."""
+    ets = [f for b in bundles for f in b.et_files()]
+    assert len(ets) >= 300
+    assert [f for f in ets if not f.name.endswith(".et.xz")] == []
+
+
+def test_compact_recompresses_losslessly(tmp_path: Path) -> None:
+    """measure.compact: each gzip ET and raw trace becomes an xz file that reads back to the same
+    bytes, and no .gz is left beside it (two files of one rank would be refused)."""
+    import gzip
+    import lzma
+
+    from calib.bundle.io import read_bundle
+    from calib.chakra.codec import encode, read_et, write_et
+    from measure.compact import compact
+
+    src = next(b for b in load_bundles([TRACES / "h200"]) if b.id == "llama8b-tp2-raw")
+    copy = tmp_path / src.id
+    shutil.copytree(src.path, copy)
+    for f in [*copy.glob("et/rank.*.et.xz"), *copy.glob("raw/*.json.xz")]:
+        plain = lzma.decompress(f.read_bytes())
+        f.unlink()
+        if f.name.endswith(".et.xz"):
+            write_et(read_et_bytes(plain), f.with_suffix(".gz"))
+        else:
+            f.with_suffix(".gz").write_bytes(gzip.compress(plain))
+    before = {f.name: gzip.decompress(f.read_bytes()) for f in copy.rglob("*.gz")}
+    assert len(before) == 6
+    size_gz, size_xz = compact(copy)
+    assert 0 < size_xz < size_gz
+    assert not list(copy.rglob("*.gz"))
+    for name, data in before.items():
+        xz = next(copy.rglob(name[: -len(".gz")] + ".xz"))
+        assert lzma.decompress(xz.read_bytes()) == data, name
+    bundle = read_bundle(copy)
+    assert [encode(read_et(f)) for f in bundle.et_files()] == [encode(read_et(f)) for f in src.et_files()]
+
+
+def read_et_bytes(data: bytes):
+    from calib.chakra.codec import decode
+
+    return decode(data, "<plain>")
+
+
 def test_memory_probes_are_consistent_where_recorded(bundles: list) -> None:
     """Round 13 on (measure.worker.memory_probe): what each rank held outside torch's allocator and the
     device's used memory are the most seen at the probes, within the device; older bundles record 0."""
@@ -78,7 +124,7 @@ def test_kept_raw_traces_reconvert_to_the_committed_tables(bundles: list, tmp_pa
     for b in [b for b in bundles if b.id in KEPT_RAW]:
         raw = sorted(p.name for p in (b.path / "raw").iterdir())
         world = b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp
-        assert raw == sorted(f"{k}.{r}.json.xz" for k in ("device", "host") for r in range(world))  # measure.compact_raw
+        assert raw == sorted(f"{k}.{r}.json.xz" for k in ("device", "host") for r in range(world))  # measure.compact
         copy = tmp_path / b.id
         shutil.copytree(b.path, copy)
         reconvert(copy)

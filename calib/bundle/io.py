@@ -105,8 +105,14 @@ class Bundle:
         return self._tables[name]
 
     def et_files(self) -> list[Path]:
+        """et/rank.N.et[.gz|.xz], one per rank in rank order; two files of one rank are refused (which
+        would stand for it is a guess)."""
         d = self.path / "et"
         files = sorted(d.glob("rank.*.et*"), key=lambda p: int(p.name.split(".")[1])) if d.is_dir() else []
+        ranks = [int(p.name.split(".")[1]) for p in files]
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        if twice:
+            raise CalibError(f"bundle {self.path}: et/ has more than one file for rank(s) {twice} (e.g. .et.gz and .et.xz)")
         return files
 
     def sha256(self) -> str:

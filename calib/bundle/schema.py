@@ -6,7 +6,7 @@ A bundle is a folder:
     telemetry.parquet    TELEMETRY_COLUMNS    one row per GPU and sample
     kernels.parquet      KERNEL_COLUMNS (+ shape columns)
     collectives.parquet  COLLECTIVE_COLUMNS
-    et/rank.N.et.gz, et/comm_groups.json
+    et/rank.N.et.xz (.et.gz in older bundles), et/comm_groups.json
 Which tables a bundle has depends on its kind (REQUIRED_TABLES).
 """
 

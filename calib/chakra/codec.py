@@ -1,8 +1,8 @@
 """Read and write Chakra ET files: varint-length-delimited protobuf, GlobalMetadata then Nodes.
 
-Reading is gzip-aware (by the magic bytes 1f 8b, not the name) and stops at EOF or at a 0 length,
-as readers in the wild do. Writing is plain unless the name ends in .gz (ASTRA-sim's newer feeder
-does not read gzip) and atomic: a temp file in the same folder, then os.replace. Attributes keep
+Reading is gzip- and xz-aware (by the magic bytes, not the name) and stops at EOF or at a 0 length,
+as readers in the wild do. Writing is plain unless the name ends in .gz or .xz (ASTRA-sim's newer
+feeder reads neither; committed bundles keep theirs in xz) and atomic: a temp file in the same folder, then os.replace. Attributes keep
 their oneof slot and their order, so read-then-write is byte-identical for protobuf-written files.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import lzma
 import os
 import struct
 import tempfile
@@ -27,6 +28,10 @@ from calib.chakra.wire import NodeDecoder, NodeEncoder, Unsupported, varint
 from calib.errors import CalibError
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+# xz holds a committed bundle's ETs in about half of gzip's bytes (the tree travels with every device
+# call under a size limit); extreme preset: ~0.5 s per 2 MB rank, paid once when a bundle is written.
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
 _FAST_PATH_ERRORS = (Unsupported, UnicodeEncodeError, TypeError, ValueError, OverflowError, struct.error, KeyError, AttributeError)
 # An attribute read without any value set keeps this pseudo slot so that it is written back empty.
 NO_VALUE_SLOT = "none"
@@ -179,7 +184,7 @@ def encode_slow(trace: ExecutionTrace) -> bytes:
 
 
 def decode(data: bytes, source: str = "<bytes>") -> ExecutionTrace:
-    """Parse a whole ET (plain or gzip bytes); errors name `source` and the byte offset."""
+    """Parse a whole ET (plain, gzip or xz bytes); errors name `source` and the byte offset."""
     with no_gc():
         return _decode(data, source)
 
@@ -192,6 +197,11 @@ def _decode(data: bytes, source: str) -> ExecutionTrace:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise CalibError(f"{source}: corrupt or truncated gzip data: {exc}") from None
+    elif data[:6] == XZ_MAGIC:
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as exc:
+            raise CalibError(f"{source}: corrupt or truncated xz data: {exc}") from None
     msgs = messages()
     node_cls = msgs["Node"]
     attr_cls, io_cls = msgs["AttributeProto"], msgs["IOInfo"]
@@ -240,7 +250,7 @@ def _decode(data: bytes, source: str) -> ExecutionTrace:
 
 
 def read_et(path: str | os.PathLike[str]) -> ExecutionTrace:
-    """Read one ET file, plain or gzip-compressed."""
+    """Read one ET file, plain, gzip- or xz-compressed."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -278,8 +288,11 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def write_et(trace: ExecutionTrace, path: str | os.PathLike[str]) -> None:
-    """Write an ET: plain, or gzip when the name ends in .gz (mtime 0 so that output is reproducible)."""
+    """Write an ET: plain, gzip when the name ends in .gz (mtime 0 so that output is reproducible), xz
+    when it ends in .xz."""
     data = encode(trace)
     if str(path).endswith(".gz"):
         data = gzip.compress(data, mtime=0)
+    elif str(path).endswith(".xz"):
+        data = lzma.compress(data, preset=XZ_PRESET)
     write_bytes_atomic(path, data)

@@ -1,6 +1,6 @@
 """ASTRA-sim's input files as calib reads and writes them: per-rank ETs and the comm-group JSON.
 
-`PREFIX.<rank>.et` for every rank (plain or gzip); comm groups `{"<id>": [ranks]}` with ids > 0;
+`PREFIX.<rank>.et` for every rank (plain, gzip or xz); comm groups `{"<id>": [ranks]}` with ids > 0;
 a comm-group path containing "empty" means no groups, as ASTRA-sim reads it.
 """
 
@@ -49,20 +49,26 @@ def et_path(prefix: str | Path, rank: int) -> Path:
     return Path(f"{prefix}.{rank}.et")
 
 
+def _existing(plain: Path) -> Path:
+    """The plain ET, else its .gz or .xz twin, else the plain name (for the error that names it)."""
+    for p in (plain, Path(f"{plain}.gz"), Path(f"{plain}.xz")):
+        if p.exists():
+            return p
+    return plain
+
+
 def read_workload(prefix: str | Path, num_ranks: int, comm_groups: str | Path | None = None) -> SimWorkload:
-    """One class per rank, from `PREFIX.<rank>.et` (a `.et.gz` beside it is read too)."""
+    """One class per rank, from `PREFIX.<rank>.et` (a `.et.gz` or `.et.xz` in its place is read too)."""
     traces = {}
     for r in range(num_ranks):
-        p = et_path(prefix, r)
-        if not p.exists() and Path(f"{p}.gz").exists():
-            p = Path(f"{p}.gz")
+        p = _existing(et_path(prefix, r))
         if not p.exists():
             raise CalibError(f"workload: {p} is missing (the network has {num_ranks} NPUs; one ET per rank)")
         traces[r] = read_et(p)
         if not traces[r].nodes:
             raise CalibError(f"workload: {p} has no nodes (give an idle rank one 0-us COMP node)")
-    extra = et_path(prefix, num_ranks)
-    if extra.exists() or Path(f"{extra}.gz").exists():
+    extra = _existing(et_path(prefix, num_ranks))
+    if extra.exists():
         # ASTRA-sim would silently drop the extra ranks: a wrong number, not a result.
         raise CalibError(f"workload: {extra} exists but the network has only {num_ranks} NPUs (ET count and network dimensions differ)")
     return SimWorkload.per_rank(traces, read_comm_groups(comm_groups, num_ranks))

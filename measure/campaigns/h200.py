@@ -314,6 +314,10 @@ ROUND21_BASE = ["llama8b-tp2", "llama8b-tp2-sp-mbs2", "gpt13b-tp2", "gpt6.7b-tp2
                 "llama8b-tp2-notel", "llama8b-pp2-mbs2", "gpt6.7b-dp2-mbs4"]
 TRAININGS += [(f"{s[0]}-r21", *s[1:]) for s in TRAININGS if s[0] in ROUND21_BASE]
 ROUND21B = [f"{rid}-r21" for rid in ROUND21_BASE]
+# One-GPU runs whose step time swung most between hosts (held-out error up to 30 %), once more on another host.
+ROUND21_ONE = ["gpt1.3b-1gpu-s256", "mixtral-1gpu", "mixtral-1gpu-L1", "mixtral-1gpu-s256"]
+TRAININGS += [(f"{s[0]}-r21", *s[1:]) for s in TRAININGS if s[0] in ROUND21_ONE]
+ROUND21B += [f"{rid}-r21" for rid in ROUND21_ONE]
 # Its third call: H100 twins of the 2-GPU H200 configurations that had none (predicted before the call by
 # the H100 calibration of the day, predictions-c.json).
 ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
