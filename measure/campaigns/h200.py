@@ -173,18 +173,23 @@ TRAININGS += [
     ("mixtral-1gpu-L3", "mixtral-8x7b@L3,S2048", 1, 1, 1, 1, 1, 4, "none", []),
     ("mixtral-1gpu-L1", "mixtral-8x7b@L1,S2048", 1, 1, 1, 1, 1, 4, "none", []),
 ]
+def repeats(base: list[str], tag: str) -> list[str]:
+    """The job specs of `base` once more as `<id>-<tag>` (a run of the same configuration on another
+    lease), appended to TRAININGS; their ids, in `base`'s order."""
+    TRAININGS.extend([(f"{s[0]}-{tag}", *s[1:]) for s in TRAININGS if s[0] in base])
+    return [f"{rid}-{tag}" for rid in base]
+
+
 # The series' committed members again on the same lease (`-r12`), so that each series also has one
 # machine's runs only.
 ROUND12_BASE = ["gpt1.3b-1gpu-mbs4", "llama8b-1gpu-mbs2", "gpt6.7b-1gpu-mbs4-rcfull", "gpt13b-1gpu-mbs2", "mixtral-1gpu"]
-TRAININGS += [(f"{s[0]}-r12", *s[1:]) for s in TRAININGS if s[0] in ROUND12_BASE]
-ROUND12 += [f"{rid}-r12" for rid in ROUND12_BASE]
+ROUND12 += repeats(ROUND12_BASE, "r12")
 
 # Round 13: committed configurations again with the memory probes (measure.worker.memory_probe), for
 # the device memory outside torch's allocator that the out-of-memory verdict had not counted.
 ROUND13_BASE = ["llama8b-1gpu-mbs2-L8", "gpt6.7b-1gpu-mbs4-rcfull-L16", "gpt13b-1gpu-mbs2-L8", "mixtral-1gpu",
                 "gpt1.3b-1gpu-mbs4", "llama8b-1gpu-mbs2-L2", "gpt6.7b-1gpu-mbs4-rcfull-L8", "mixtral-1gpu-L1"]
-TRAININGS += [(f"{s[0]}-r13", *s[1:]) for s in TRAININGS if s[0] in ROUND13_BASE]
-ROUND13 = [f"{rid}-r13" for rid in ROUND13_BASE]
+ROUND13 = repeats(ROUND13_BASE, "r13")
 
 # Round 14: one-GPU depths on the H100 around its memory's edge, each predicted `fits`, `tight` or
 # `out of memory` by the memory model before it ran (traces/README.md, round 14).
@@ -199,7 +204,7 @@ TRAININGS += [
     ("gpt1.3b-1gpu-mbs4-L20", "gpt3-1.3b@L20", 1, 1, 1, 1, 4, 16, "none", []),
     ("gpt1.3b-1gpu-mbs4-L22", "gpt3-1.3b@L22", 1, 1, 1, 1, 4, 16, "none", []),
 ]
-TRAININGS += [(f"{s[0]}-r14", *s[1:]) for s in TRAININGS if s[0] in ("gpt13b-1gpu-mbs2-L8", "mixtral-1gpu")]
+repeats(["gpt13b-1gpu-mbs2-L8", "mixtral-1gpu"], "r14")
 
 # Round 15: the H100's memory edge again, each verdict given before the run by the estimate that
 # measure.probes.memory_peak corrected (attention buffer, attention-backward transient, loss, gated
@@ -312,12 +317,10 @@ ROUND21 = ["llama8b-tp2-flash", "gpt6.7b-dp2-mbs4-flash", "llama8b-pp2-mbs2-flas
 ROUND21_BASE = ["llama8b-tp2", "llama8b-tp2-sp-mbs2", "gpt13b-tp2", "gpt6.7b-tp2-mbs2", "mixtral-tp2-sp",
                 "mixtral-ep2-mbs2", "llama8b-tp2-s256", "mixtral-ep2-s256", "gpt175b-tp2-rcsel", "gpt6.7b-tp2-mbs4-rcsel",
                 "llama8b-tp2-notel", "llama8b-pp2-mbs2", "gpt6.7b-dp2-mbs4"]
-TRAININGS += [(f"{s[0]}-r21", *s[1:]) for s in TRAININGS if s[0] in ROUND21_BASE]
-ROUND21B = [f"{rid}-r21" for rid in ROUND21_BASE]
+ROUND21B = repeats(ROUND21_BASE, "r21")
 # One-GPU runs whose step time swung most between hosts (held-out error up to 30 %), once more on another host.
 ROUND21_ONE = ["gpt1.3b-1gpu-s256", "mixtral-1gpu", "mixtral-1gpu-L1", "mixtral-1gpu-s256"]
-TRAININGS += [(f"{s[0]}-r21", *s[1:]) for s in TRAININGS if s[0] in ROUND21_ONE]
-ROUND21B += [f"{rid}-r21" for rid in ROUND21_ONE]
+ROUND21B += repeats(ROUND21_ONE, "r21")
 # Its third call: H100 twins of the 2-GPU H200 configurations that had none (predicted before the call by
 # the H100 calibration of the day, predictions-c.json).
 ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
