@@ -17,9 +17,9 @@ import lzma
 import os
 from pathlib import Path
 
+from calib.chakra.codec import XZ_PRESET
 from calib.errors import CalibError
 
-PRESET = 9 | lzma.PRESET_EXTREME
 PATTERNS = ("raw/*.json.gz", "et/rank.*.et.gz")
 
 
@@ -28,7 +28,7 @@ def compact(bundle: Path) -> tuple[int, int]:
     before = after = 0
     for gz in sorted(p for pattern in PATTERNS for p in bundle.glob(pattern)):
         data = gzip.decompress(gz.read_bytes())
-        packed = lzma.compress(data, preset=PRESET)
+        packed = lzma.compress(data, preset=XZ_PRESET)
         if lzma.decompress(packed) != data:
             raise CalibError(f"{gz}: xz round trip differs; left as it was")
         xz = gz.with_suffix(".xz")
