@@ -323,6 +323,8 @@ ROUND21_ONE = ["gpt1.3b-1gpu-s256", "mixtral-1gpu", "mixtral-1gpu-L1", "mixtral-
 ROUND21B += repeats(ROUND21_ONE, "r21")
 # Its third call: H100 twins of the 2-GPU H200 configurations that had none (predicted before the call by
 # the H100 calibration of the day, predictions-c.json).
+# Round 22: ROUND21C asked again for 2 x H100, given 2 x H200 (traces/h200/_campaigns/x2-round22):
+# committed as h200/<id>-r22.
 ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
             "llama70b-tp2-mbs2-rcsel", "llama8b-dp2-mbs2-rcsel", "mixtral-tp2-sp-rcsel", "mixtral-tp2-sp-s256"]
 
