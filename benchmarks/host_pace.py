@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from calib.bundle.io import read_bundle
 from calib.chakra.codec import read_et
 
 MIN_GAP_NS = 2_000  # a kernel that started this long after its stream went idle waited for its launch
@@ -43,10 +44,11 @@ def main(cal_path: str, traces: str) -> None:
     print(f"{'run':30} {'measured ms':>11} {'profiled ms':>11} {'needed us':>9} {'profiled us':>11} {'pairs':>6} {'ratio':>6}")
     ratios = []
     for r in runs:
-        et = Path(traces) / r["id"] / "et" / "rank.0.et.xz"
-        if not et.is_file() or r.get("replay_launch_s") is None:
+        path = Path(traces) / r["id"]
+        ets = read_bundle(path).et_files() if (path / "manifest.json").is_file() else []
+        if not ets or r.get("replay_launch_s") is None:
             continue
-        pace, pairs, span = profiled_pace_us(et)
+        pace, pairs, span = profiled_pace_us(ets[0])
         needed = 1e6 * r["replay_launch_s"]
         ratio = needed / pace if pace == pace and pace > 0 else float("nan")
         if pairs >= 100 and needed > 0:

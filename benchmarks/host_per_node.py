@@ -47,10 +47,12 @@ def main(report: Path) -> None:
           f"{'us/node':>8s} {'replay %':>9s} {'held-out %':>10s}")
     for run in sorted(measured):
         path = next(traces.glob(f"*/{run}"), None)
-        if path is None or not (path / "et" / "rank.0.et.xz").is_file():
+        bundle = read_bundle(path) if path is not None else None
+        ets = bundle.et_files() if bundle is not None else []
+        if bundle is None or not ets:
             continue
-        spec = read_bundle(path).manifest.spec
-        nodes, coll, syncs = node_counts(path / "et" / "rank.0.et.xz")
+        spec = bundle.manifest.spec
+        nodes, coll, syncs = node_counts(ets[0])
         rep, held = (_pct(errors[run].get(k)) for k in ("replay", "heldout"))
         print(f"{run:30s} {spec.tp * spec.pp * spec.dp:4d} {spec.ep:3d} {measured[run] * 1e3:8.1f} {nodes:6d} "
               f"{coll:5d} {syncs:5d} {measured[run] / nodes * 1e6:8.1f} {rep:>9s} {held:>10s}")

@@ -108,12 +108,16 @@ class Bundle:
         """et/rank.N.et[.gz|.xz], one per rank in rank order; two files of one rank are refused (which
         would stand for it is a guess)."""
         d = self.path / "et"
-        files = sorted(d.glob("rank.*.et*"), key=lambda p: int(p.name.split(".")[1])) if d.is_dir() else []
-        ranks = [int(p.name.split(".")[1]) for p in files]
-        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        by_rank: dict[int, list[Path]] = {}
+        for f in d.glob("rank.*.et*") if d.is_dir() else []:
+            rank = f.name.split(".")[1]
+            if not rank.isdigit():
+                raise CalibError(f"bundle {self.path}: et/{f.name} is not named rank.N.et[.gz|.xz]")
+            by_rank.setdefault(int(rank), []).append(f)
+        twice = sorted(r for r, fs in by_rank.items() if len(fs) > 1)
         if twice:
             raise CalibError(f"bundle {self.path}: et/ has more than one file for rank(s) {twice} (e.g. .et.gz and .et.xz)")
-        return files
+        return [by_rank[r][0] for r in sorted(by_rank)]
 
     def sha256(self) -> str:
         return bundle_sha256(self.path)

@@ -14,7 +14,6 @@ import lzma
 import os
 import struct
 import tempfile
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +24,9 @@ from google.protobuf.message import DecodeError
 from calib.chakra.model import Attr, ExecutionTrace, IOInfo, Node, NodeType
 from calib.chakra.schema import LIST_SLOTS, SCALAR_SLOTS, messages
 from calib.chakra.wire import NodeDecoder, NodeEncoder, Unsupported, varint
+from calib.compressed import decompress
 from calib.errors import CalibError
 
-GZIP_MAGIC = b"\x1f\x8b"
-XZ_MAGIC = b"\xfd7zXZ\x00"
 # xz holds a committed bundle's ETs in about half of gzip's bytes (the tree travels with every device
 # call under a size limit); extreme preset: ~0.5 s per 2 MB rank, paid once when a bundle is written.
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
@@ -192,16 +190,7 @@ def decode(data: bytes, source: str = "<bytes>") -> ExecutionTrace:
 def _decode(data: bytes, source: str) -> ExecutionTrace:
     if not isinstance(data, bytes):
         data = bytes(data)  # the decoder slices and hashes: bytearray / memoryview would not do
-    if data[:2] == GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise CalibError(f"{source}: corrupt or truncated gzip data: {exc}") from None
-    elif data[:6] == XZ_MAGIC:
-        try:
-            data = lzma.decompress(data)
-        except (lzma.LZMAError, EOFError) as exc:
-            raise CalibError(f"{source}: corrupt or truncated xz data: {exc}") from None
+    data = decompress(data, source)
     msgs = messages()
     node_cls = msgs["Node"]
     attr_cls, io_cls = msgs["AttributeProto"], msgs["IOInfo"]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import json
-import lzma
-import zlib
 from pathlib import Path
 from typing import Any
 
+from calib.compressed import decompress
 from calib.errors import CalibError
 
 
@@ -18,16 +16,7 @@ def load_json(path: str | Path) -> Any:
         data = p.read_bytes()
     except OSError as exc:
         raise CalibError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise CalibError(f"{p}: corrupt or truncated gzip data: {exc}") from None
-    elif data[:6] == b"\xfd7zXZ\x00":
-        try:
-            data = lzma.decompress(data)
-        except (lzma.LZMAError, EOFError) as exc:
-            raise CalibError(f"{p}: corrupt or truncated xz data: {exc}") from None
+    data = decompress(data, str(p))
     try:
         return json.loads(data)
     except UnicodeDecodeError as exc:
