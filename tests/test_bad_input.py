@@ -470,6 +470,8 @@ FIT_CASES = [
     Case("fit-missing-rank-et", _fit(_broken(lambda d: (d / "et" / "rank.1.et.xz").unlink())), "et/ lacks rank(s) [1]"),
     Case("fit-two-files-one-rank", _fit(_broken(lambda d: shutil.copy(d / "et" / "rank.1.et.xz", d / "et" / "rank.1.et.gz"))),
          "more than one file for rank(s) [1]"),
+    Case("fit-misnamed-et", _fit(_broken(lambda d: shutil.copy(d / "et" / "rank.1.et.xz", d / "et" / "rank.x.et.xz"))),
+         "et/rank.x.et.xz is not named rank.N.et"),
     Case("fit-nan-telemetry", _fit(_broken(_column("telemetry", "power_w", np.nan))), "NaN in power_w"),
     Case("fit-nan-steps", _fit(_broken(_column("steps", "time_s", np.nan))), "NaN step times"),
     Case("fit-negative-steps", _fit(_broken(_column("steps", "time_s", -1.0))), "step times <= 0"),
