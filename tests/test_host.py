@@ -343,6 +343,49 @@ def test_converted_trace_gets_launches_and_syncs() -> None:
     assert [n.attr("duration_ns") for n in out.nodes if not n.is_cpu_op] == [50_000, 2_000, 1_000]
 
 
+def test_a_scalar_read_waits_but_costs_no_sync_time() -> None:
+    from calib.workload.host import add_host_to_converted, converted_reads, count_reads
+
+    def copy(nid: int, aten: str) -> Node:
+        return Node(nid, "Memcpy DtoH (Device -> Pinned)", NodeType.COMP_NODE, ctrl_deps=[nid - 1],
+                    attrs=[Attr("is_cpu_op", False), Attr("duration_ns", 2_000, "uint64_val"), Attr("aten_op", aten)])
+
+    # A routing copy (aten::copy_) then an optimizer norm read (.item(): aten::_local_scalar_dense).
+    trace = ExecutionTrace(nodes=[_gpu(0, 50_000), copy(1, "aten::copy_"), _gpu(2, 1_000),
+                                  copy(3, "aten::_local_scalar_dense"), _gpu(4, 1_000)])
+    assert converted_reads(trace) == {3}
+    out = add_host_to_converted(trace, 10e-6, 30e-6)
+    assert count_host(out) == (5, 2) and count_reads(out) == 1
+    # k0 (launched at 10 us, 50 us), copy (2 us): 62 us; 30 us of sync + k2's launch: 102, k2 (1 us);
+    # the read's launch (102-112), the read (2 us), then only k4's launch (10 us) and k4 (1 us).
+    assert _step(out) == 62_000 + 30_000 + 10_000 + 10_000 + 2_000 + 10_000 + 1_000
+    set_host_costs(out, 10e-6, 90e-6)  # re-costing leaves the read free as well
+    assert _step(out) == 62_000 + 90_000 + 10_000 + 10_000 + 2_000 + 10_000 + 1_000
+
+
+def test_generated_reads_are_the_optimizer_norms() -> None:
+    from calib.models.host import _host_work
+    from calib.workload.host import HOST_READ, READ_SYNCS, count_reads
+
+    model = resolve_model("mixtral-8x7b@L2,S2048")
+    par = ParallelConfig(tp=1, pp=1, dp=1, ep=1, micro_batch=1, global_batch=2)
+    gen = generate(model, par, _kernel_time, HostModel(20e-6, 1e-3))
+    trace = gen.workload.classes[0].trace
+    assert all(n.attr(HOST_SYNC, False) for n in trace.nodes if n.attr(HOST_READ, False))
+    # One per kernel of the optimizer's norm reads (a fused node is named after its first op).
+    reads = sum(k for op, k in gen.op_counts(0).items() if op.name in READ_SYNCS)
+    launches, syncs = count_host(trace)
+    (work,) = _host_work(gen.workload)
+    assert reads > 0 and count_reads(trace) == reads and work == (launches, syncs - reads, 0)
+    assert work[1] == gen.sync_points(0) - reads > 0  # the routing copies keep their sync cost
+    # A dense model's syncs are all reads: its step does not depend on the sync cost.
+    dense = resolve_model("llama3-8b@L2,S2048")
+    net, system = _net(1)
+    at = [simulate(generate(dense, par, _kernel_time, HostModel(20e-6, s)).workload, net, system).step_time_s
+          for s in (0.0, 1e-3)]
+    assert at[0] == at[1]
+
+
 def test_generated_host_trace_is_valid_chakra() -> None:
     from calib.chakra.codec import decode, encode
     from calib.chakra.validate import problems
@@ -394,14 +437,15 @@ def test_replay_recosting_equals_building_anew() -> None:
     from calib.project import default_calibration_path
     from calib.validation import engine
     from calib.validation.replay import read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay
+    from calib.workload.host import add_host_to_replay, count_reads
 
-    bundle = read_bundle(TRACES / "h200" / "gpt6.7b-pp2-mbs2")  # device-to-host and pipeline syncs
+    bundle = read_bundle(TRACES / "h200" / "gpt6.7b-pp2-mbs2")  # scalar reads and pipeline syncs
     cal = Calibration.load(default_calibration_path("h200"))
     run = replay_run(bundle, cal, 1e-4)
-    assert run.p2p_syncs > 0 and run.syncs > 0
     network, system = engine.replay_network(bundle, cal)
     base = replay_workload(read_run_traces(bundle))
+    hosted = add_host_to_replay(base, 0.0, 0.0).classes[0].trace
+    assert run.p2p_syncs > 0 and count_reads(hosted) > 0 and run.syncs == 0  # its reads cost no sync time
     # re-costed in place, down and up
     for c, s, p in ((60e-6, 1e-4, 1e-3), (0.0, 1e-4, 0.0), (30e-6, 3e-4, 2e-3), (30e-6, 0.0, 5e-4)):
         built = simulate(add_host_to_replay(base, c, s, p), network, system).step_time_s
@@ -433,6 +477,17 @@ def _path_run(i: str, n: int, gpu: float, syncs: int, path: float) -> Run:
         return max(gpu, n * c) + syncs * s
 
     return Run(i, i.upper(), step(30e-6 * pace, 2e-3 * pace, 0.0), syncs, step, 0, ((n, syncs, 0),), path)
+
+
+def test_a_fast_hosts_repeat_does_not_bound_the_cost() -> None:
+    # One configuration run on three hosts: 2,000 launches in 0.09 s on the fast one, 0.12 s on two
+    # others. The costs stand for every host, so the slowest run bounds them (60 us), not the fastest
+    # (45 us), and the fit lands where two of the three runs are met.
+    host = lambda c, s, p: 2000 * c  # noqa: E731
+    runs = [Run(f"r{i}", "H", t, 0, host, host_work=((2000, 0, 0),)) for i, t in enumerate((0.09, 0.12, 0.12))]
+    assert runs[0].cap(0) == pytest.approx(45e-6)  # alone, the fast run's own bound
+    model, _ = fit_runs(runs, cross_validate=False)
+    assert model.launch_s == pytest.approx(60e-6, rel=1e-3)
 
 
 def test_fit_runs_recovers_the_pace_of_parallel_code_paths() -> None:

@@ -5,7 +5,7 @@ Parameters (seconds):
   everything eager PyTorch and megatron-core do on the Python/autograd thread per kernel;
 - `sync_s`: host time between a sync point's GPU work ending and the next launch (the device-to-
   host copy returning and the Python work before the next kernel), at the sync points of
-  calib.workload.host.SYNC_AFTER;
+  calib.workload.host.SYNC_AFTER other than its scalar reads (READ_SYNCS: waited for at no cost);
 - `p2p_sync_s`: the same after a pipeline send/recv batch (megatron-core's batch_p2p_sync drains
   the device; the schedule's work between micro-batches follows before the next launch). Fitted
   on the pipeline-parallel runs only; a calibration without it uses `sync_s`.
@@ -25,7 +25,8 @@ over all runs, refined where a lower bound of the MAPE says it could still impro
 already over-predicted at zero cost (GPU-bound) then constrains the cost only from where the cost
 starts to lengthen its step; the median of per-run roots would count it as wanting 0. No cost is
 chosen above what a fitted run's host can have spent: a rank that launched n kernels within a
-measured step of T seconds spent at most T / n per launch (`_Run.cap`; the same for each sync cost).
+measured step of T seconds spent at most T / n per launch (`_Run.cap`, T the slowest run of the
+configuration: the costs stand for every host its runs came from; the same for each sync cost).
 Without that bound the MAPE's two near-equal minima (~46 and ~60 us of launch on the H200 runs) let
 the fit jump to the upper one, which the host-bound runs rule out, when one of them is held out. `launch_s` is
 fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with device-to-host sync points),
@@ -242,13 +243,18 @@ class _Run:
     # Per rank class: (launches, device-to-host sync points, pipeline sync points) of one step.
     host_work: tuple[tuple[int, int, int], ...] = ()
     path: float = 0.0  # the run's parallel code path (path_exponent)
+    # The slowest measured step of this run's configuration (fit_runs sets it; 0: this run's own).
+    bound_s: float = 0.0
 
     def cap(self, which: int) -> float:
-        """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that this run's host can
-        have had: every rank's host did that work (and more) within the measured step. Each cost is
-        bounded alone, not jointly: a joint bound would let whichever cost is fitted first take the
-        whole step and leave the others none (inf: no bound)."""
-        return min((self.measured_s / w[which] for w in self.host_work if w[which]), default=float("inf"))
+        """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that the hosts of this
+        run's configuration can have had: every rank's host did that work (and more) within the measured
+        step. The slowest run of the configuration sets it: the costs stand for every host the runs
+        came from, and one fast host's repeat would bound them all at its own pace (docs/host.md, "One
+        fast host's repeat pins the pace"). Each cost is bounded alone, not jointly: a joint bound would
+        let whichever cost is fitted first take the whole step and leave the others none (inf: no bound)."""
+        step = max(self.measured_s, self.bound_s)
+        return min((step / w[which] for w in self.host_work if w[which]), default=float("inf"))
 
 
 def solve(step: Callable[[float], float], target: float, hi: float, lo: float = 0.0) -> float:
@@ -438,6 +444,10 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
     the same costs and no error ({})."""
     if not runs:
         raise CalibError("host model: no training bundles to fit on")
+    slowest: dict[str, float] = {}
+    for r in runs:
+        slowest[r.key] = max(slowest.get(r.key, 0.0), r.measured_s)
+    runs = [dataclasses.replace(r, bound_s=slowest[r.key]) for r in runs]
     measured = [r.measured_s for r in runs]
     synced = [r for r in runs if r.syncs]
     piped = [r for r in runs if r.p2p_syncs]
@@ -681,14 +691,15 @@ def _path_of(bundle: Any) -> float:
 
 
 def _host_work(workload: Any) -> tuple[tuple[int, int, int], ...]:
-    """Per rank class of a host-annotated workload: (launches, device-to-host syncs, pipeline syncs)."""
-    from calib.workload.host import count_host, count_p2p_syncs
+    """Per rank class of a host-annotated workload: (launches, device-to-host syncs that cost `sync_s`,
+    pipeline syncs). Scalar reads (calib.workload.host.READ_SYNCS) cost no sync time and are not counted."""
+    from calib.workload.host import count_host, count_p2p_syncs, count_reads
 
     work = []
     for c in workload.classes:
         launches, syncs = count_host(c.trace)
         p2p = count_p2p_syncs(c.trace)
-        work.append((launches, syncs - p2p, p2p))
+        work.append((launches, syncs - p2p - count_reads(c.trace), p2p))
     return tuple(work)
 
 

@@ -36,8 +36,10 @@ from calib.sim.types import RankClass, SimWorkload
 from calib.workload import ops as O
 from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
 from calib.workload.host import (
+    HOST_READ,
     HOST_SYNC,
     LAUNCHES,
+    READ_SYNCS,
     SPLIT_AT,
     SPLIT_NS,
     SYNC_AFTER,
@@ -77,6 +79,7 @@ class Segment:
     memory_ns: int = 0  # part of duration_ns spent in memory-bound ops (the power model's "memory" activity)
     launched: Launched | None = None  # its kernels as the host launches them (with a host model)
     sync: bool = False  # the host waits for it before launching more (calib.workload.host.SYNC_AFTER)
+    read: bool = False  # ... and that sync is a scalar read (calib.workload.host.READ_SYNCS: no sync cost)
 
 
 Compiled = list  # list[Segment | O.Coll | O.Wait]
@@ -222,6 +225,7 @@ class TraceBuilder:
                 both = concat(self.launched[prev.id], seg.launched, self.launch_ns)
                 self.launched[prev.id] = both
                 a[6].value, a[7].value, a[8].value, a[9].value = both.n, seg.sync, both.at, both.tail_ns
+                a[10].value = seg.read
             if not prev.name.endswith("+"):
                 prev.name += "+"
             return prev.id
@@ -238,7 +242,8 @@ class TraceBuilder:
         if self.host and seg.launched is not None:
             lx = self.launched[nid] = seg.launched
             node.attrs += [Attr(LAUNCHES, lx.n, "int64_val"), Attr(HOST_SYNC, seg.sync, "bool_val"),
-                           Attr(SPLIT_AT, lx.at, "int64_val"), Attr(SPLIT_NS, lx.tail_ns, "int64_val")]
+                           Attr(SPLIT_AT, lx.at, "int64_val"), Attr(SPLIT_NS, lx.tail_ns, "int64_val"),
+                           Attr(HOST_READ, seg.read, "bool_val")]
         self.frontier = [nid]
         self.last_compute = nid
         return self._add(node)
@@ -328,7 +333,7 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozen
         out.append(Segment(name, sum(each), sum(o.flops * r for o, r in run), sum(o.bytes * r for o, r in run),
                            main.op_class, mem,
                            None if launch_ns is None else summarize(_kernel_runs(run, durations), launch_ns),
-                           run[-1][0].name in sync_after))
+                           run[-1][0].name in sync_after, run[-1][0].name in sync_after and run[-1][0].name in READ_SYNCS))
         run.clear()
 
     for it in items:

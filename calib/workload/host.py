@@ -18,11 +18,12 @@ In the ET this becomes (`add_host`):
   one by one would; the remaining launches follow on the host chain before the next node's;
 - a GPU node marked `host_sync` makes the next launch wait for it (data dependency), and that
   launch also carries the host's time from the sync to the next launch: `sync_s` after a
-  device-to-host read, `p2p_sync_s` after a pipeline send/recv batch (megatron-core's
+  device-to-host copy (none after a scalar read, attr `host_read`: READ_SYNCS), `p2p_sync_s` after
+  a pipeline send/recv batch (megatron-core's
   batch_p2p_sync: the whole device drains, and the host then runs the schedule's work between
   micro-batches before its next launch, which the GPU waits for).
-The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`, `host_after_p2p`) so that
-`set_host_costs` can re-cost a trace in place, which is how the host model is fitted.
+The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`, `host_after_p2p`,
+`host_after_read`) so that `set_host_costs` can re-cost a trace in place, which is how the host model is fitted.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ ROLE = "host_role"  # attr of inserted nodes: "launch" (the first kernel) | "lau
 ROLE_LAUNCHES = "host_launches"
 ROLE_AFTER_SYNC = "host_after_sync"
 ROLE_AFTER_P2P = "host_after_p2p"  # the sync before this launch waited for a pipeline send/recv
+ROLE_AFTER_READ = "host_after_read"  # the sync before this launch waited for scalar reads only (READ_SYNCS)
+HOST_READ = "host_read"  # attr of a generated GPU node whose host sync is a scalar read (READ_SYNCS)
 COALESCED_WITH = "coalesced_with"  # attr of converted nodes: a further call of that node's NCCL kernel
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
@@ -58,6 +61,16 @@ SYNC_AFTER: dict[str, str] = {
     "optimizer.expert_grad_norm.read": "per-tensor gradient norms of the expert parameters (EP: their own optimizer)",
     "optimizer.expert_grad_norm": "gradient norm of the expert parameters read by the host (EP)",
 }
+# The sync points above that are scalar reads (`.item()`: aten::_local_scalar_dense in a profile): the
+# host waits for the copy and goes straight on to its next launch, which costs what any launch costs;
+# they add no host time of their own (`sync_s` is the Python work after the MoE routing copies). The
+# profiled steps show it: the GPU idles 24-66 us (median per H200 bundle, profiler included) before the
+# node after a scalar read, about one launch, and 398-776 us after a routing copy on one GPU; a GPU-paced
+# run with ~300 of them (gpt1.3b, 24 layers) idles 5 ms in all, where one shared sync cost of 0.16 ms
+# made its replay 5 % long (docs/host.md, "Scalar reads cost a launch"; benchmarks/scalar_reads.py).
+READ_SYNCS = frozenset({"optimizer.grad_norm.read", "optimizer.grad_norm", "optimizer.expert_grad_norm.read",
+                        "optimizer.expert_grad_norm"})
+SCALAR_READ_OPS = frozenset({"aten::_local_scalar_dense", "aten::item"})  # a converted ET's scalar reads (attr aten_op)
 # Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
 # torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.
 
@@ -125,8 +138,8 @@ _P2P = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
 
 
 def _duration_ns(launches: int, after_sync: bool, after_p2p: bool, launch_s: float, sync_s: float,
-                 p2p_sync_s: float) -> int:
-    after = (p2p_sync_s if after_p2p else sync_s) if after_sync else 0.0
+                 p2p_sync_s: float, after_read: bool = False) -> int:
+    after = (p2p_sync_s if after_p2p else 0.0 if after_read else sync_s) if after_sync else 0.0
     return int(round((launches * launch_s + after) * 1e9))
 
 
@@ -138,15 +151,15 @@ def _attr(name: str, value: object, slot: str) -> Attr:
     return a
 
 
-def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, after_p2p: bool, ns: int,
-              ctrl: list[int], data: list[int]) -> Node:
+def _cpu_node(nid: int, name: str, role: str, launches: int, after_sync: bool, after_p2p: bool, after_read: bool,
+              ns: int, ctrl: list[int], data: list[int]) -> Node:
     return Node(
         nid, name, NodeType.COMP_NODE, ctrl_deps=ctrl, data_deps=data, duration_micros=int(round(ns / 1000)),
         attrs=[
             _attr("is_cpu_op", True, "bool_val"), _attr("duration_ns", ns, "uint64_val"),
             _attr("category", "cpu", "string_val"), _attr(ROLE, role, "string_val"),
             _attr(ROLE_LAUNCHES, launches, "int64_val"), _attr(ROLE_AFTER_SYNC, after_sync, "bool_val"),
-            _attr(ROLE_AFTER_P2P, after_p2p, "bool_val"),
+            _attr(ROLE_AFTER_P2P, after_p2p, "bool_val"), _attr(ROLE_AFTER_READ, after_read, "bool_val"),
         ],
     )
 
@@ -186,11 +199,14 @@ def _moved(n: Node, nid: int, ctrl: list[int], data: list[int], in_place: bool) 
 
 
 def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
-             sync: set[int] | None = None, in_place: bool = False, p2p_sync_s: float | None = None) -> ExecutionTrace:
+             sync: set[int] | None = None, in_place: bool = False, p2p_sync_s: float | None = None,
+             reads: set[int] | None = None) -> ExecutionTrace:
     """A new trace with the launch chain of the module docstring; node ids are renumbered in
     program order (launches before their GPU node). `sync`: ids of GPU nodes that the host waits
     for, in addition to those with attr `host_sync`. Existing CPU ops are kept as they are.
-    `p2p_sync_s`: the host's time after a sync on a send/recv (None: `sync_s`).
+    `p2p_sync_s`: the host's time after a sync on a send/recv (None: `sync_s`). `reads`: those of the
+    sync points that are scalar reads (READ_SYNCS), in addition to those with attr `host_read`: the
+    launch after them waits but costs no `sync_s`.
 
     To keep node counts down, the launches of a node's remaining kernels and the first launch of
     the next node are one CPU op (nothing waits between them) unless a sync point lies between.
@@ -204,17 +220,19 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
     tail: list[int] = []  # the host chain's last node
     carry = 0  # launches of the previous node not yet on the chain
 
-    def launch(n: Node, role: str, k: int, after: list[int], p2p: bool = False) -> int:
+    def launch(n: Node, role: str, k: int, after: list[int], p2p: bool = False, read: bool = False) -> int:
         nid = len(out)
-        out.append(_cpu_node(nid, f"{role}:{n.name}", role, k, bool(after), p2p,
-                             _duration_ns(k, bool(after), p2p, launch_s, sync_s, p2p_s), list(tail), list(after)))
+        out.append(_cpu_node(nid, f"{role}:{n.name}", role, k, bool(after), p2p, read,
+                             _duration_ns(k, bool(after), p2p, launch_s, sync_s, p2p_s, read), list(tail), list(after)))
         tail[:] = [nid]
         return nid
 
     pending: list[int] = []  # the sync nodes the next launch waits for
     pending_p2p = False  # ... and whether one of them is a send/recv
+    pending_read = False  # ... and whether all of them are scalar reads
     known = {n.id for n in nodes}
     synced = {n.id for n in nodes if n.id in sync or bool(n.attr(HOST_SYNC, False))}
+    read = {n.id for n in nodes if n.id in synced and (n.id in (reads or ()) or bool(n.attr(HOST_READ, False)))}
     # The calls of one coalesced NCCL kernel (a converted batched send/recv: attr coalesced_with) are
     # one launch, and a host sync after them waits for all of them: megatron's batch_p2p_sync
     # synchronises after the whole batch, and a sync inside it would deadlock the two peers.
@@ -246,8 +264,8 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
             out.append(_moved(n, last, ctrl, [*data, launch_of[main]], in_place))
         else:
             k, at, tail_ns = _split(n)
-            first = launch(n, "launch", carry + 1, pending, pending_p2p)
-            pending, pending_p2p, carry = [], False, 0
+            first = launch(n, "launch", carry + 1, pending, pending_p2p, pending_read)
+            pending, pending_p2p, pending_read, carry = [], False, False, 0
             if at:
                 total = n.duration_ns
                 head = _part(n, len(out), "[head]", total - tail_ns, (total - tail_ns) / total, False)
@@ -272,27 +290,36 @@ def add_host(trace: ExecutionTrace, launch_s: float, sync_s: float = 0.0,
                 carry = 0
             pending = [new_id[m] for m in waits[old]]
             pending_p2p = any(m in p2p_waits for m in waits[old])
+            pending_read = all(m in read for m in waits[old])
     if carry and nodes:
         launch(nodes[-1], "launch_rest", carry, [])
     return ExecutionTrace(nodes=out, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
+
+
+def _is_dtoh(n: Node) -> bool:
+    return n.type == NodeType.COMP_NODE and not n.is_cpu_op and "DtoH" in n.name
 
 
 def converted_sync_points(trace: ExecutionTrace) -> set[int]:
     """The GPU nodes of a converted (measured) ET that the host waits for: device-to-host copies
     (the host reads a GPU value: MoE routing counts, the gradient norm) and pipeline sends and
     receives (megatron-core's batch_p2p_sync)."""
-    out = set()
-    for n in trace.nodes:
-        if n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE) or n.type == NodeType.COMP_NODE and not n.is_cpu_op and "DtoH" in n.name:
-            out.add(n.id)
-    return out
+    return {n.id for n in trace.nodes if n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE) or _is_dtoh(n)}
+
+
+def converted_reads(trace: ExecutionTrace) -> set[int]:
+    """The device-to-host copies of a converted ET that are scalar reads (attr `aten_op` in
+    SCALAR_READ_OPS: the optimizer's gradient-norm reads), which cost the host no sync time."""
+    return {n.id for n in trace.nodes if _is_dtoh(n) and n.attr("aten_op") in SCALAR_READ_OPS}
 
 
 def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float,
                           p2p_sync_s: float | None = None) -> ExecutionTrace:
     """A converted ET (one node per measured kernel, in launch order) with its host launches: one
-    launch per GPU node and the syncs of `converted_sync_points`. Kernel durations stay as measured."""
-    return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace), p2p_sync_s=p2p_sync_s)
+    launch per GPU node and the syncs of `converted_sync_points`, its scalar reads (`converted_reads`)
+    at no sync cost. Kernel durations stay as measured."""
+    return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace), p2p_sync_s=p2p_sync_s,
+                    reads=converted_reads(trace))
 
 
 def host_recoster(trace: ExecutionTrace) -> Callable[[float, float, float | None], None]:
@@ -304,12 +331,12 @@ def host_recoster(trace: ExecutionTrace) -> Callable[[float, float, float | None
             continue
         dur = next(a for a in n.attrs if a.name == "duration_ns")
         slots.append((n, dur, int(n.attr(ROLE_LAUNCHES, 1)), bool(n.attr(ROLE_AFTER_SYNC, False)),
-                      bool(n.attr(ROLE_AFTER_P2P, False))))
+                      bool(n.attr(ROLE_AFTER_P2P, False)), bool(n.attr(ROLE_AFTER_READ, False))))
 
     def recost(launch_s: float, sync_s: float, p2p_sync_s: float | None = None) -> None:
         p2p_s = sync_s if p2p_sync_s is None else p2p_sync_s
-        for n, dur, launches, after_sync, after_p2p in slots:
-            ns = _duration_ns(launches, after_sync, after_p2p, launch_s, sync_s, p2p_s)
+        for n, dur, launches, after_sync, after_p2p, after_read in slots:
+            ns = _duration_ns(launches, after_sync, after_p2p, launch_s, sync_s, p2p_s, after_read)
             dur.value = ns
             n.duration_micros = int(round(ns / 1000))
 
@@ -329,6 +356,11 @@ def count_host(trace: ExecutionTrace) -> tuple[int, int]:
             launches += int(n.attr(ROLE_LAUNCHES, 1))
             syncs += bool(n.attr(ROLE_AFTER_SYNC, False))
     return launches, syncs
+
+
+def count_reads(trace: ExecutionTrace) -> int:
+    """The sync points of a trace made by `add_host` that waited for scalar reads only (no sync cost)."""
+    return sum(1 for n in trace.nodes if n.attr(ROLE) is not None and bool(n.attr(ROLE_AFTER_READ, False)))
 
 
 def count_p2p_syncs(trace: ExecutionTrace) -> int:
