@@ -369,7 +369,7 @@ def test_moe_host_syncs_equal_the_profiled_device_to_host_copies() -> None:
 
     for run, expected in (("mixtral-tp2ep2-sp", 51), ("mixtral-1gpu", 62)):
         bundle = read_bundle(ROOT / "traces" / "h200" / run)
-        dtoh = sum(1 for n in read_et(ROOT / "traces" / "h200" / run / "et" / "rank.0.et.xz").nodes
+        dtoh = sum(1 for n in read_et(bundle.et_files()[0]).nodes
                    if not n.is_cpu_op and "DtoH" in n.name)
         spec = bundle.manifest.spec
         gen = generate(engine.model_of(spec), engine.parallel_of(spec), roofline, Host())
