@@ -4,7 +4,8 @@
 
 Leaves out the first configuration whose spec key contains TEXT, fits on every other bundle of the
 folder as `calib validate` does (calib.validate._heldout_group, no cache) and prints the wall time,
-the time Python's cyclic collector took, the workloads generated and the peak resident memory.
+the time Python's cyclic collector took, the steps generated, the workloads built from them and the
+trial costs they served, and the peak resident memory.
 `calib validate` runs one such fit per configuration (74 for H200), two at a time.
 """
 
@@ -35,14 +36,16 @@ def main() -> None:
     group = [p for p in paths if keys[p] == key]
     others = [p for p in paths if keys[p] != key]
 
-    generated = [0]
-    original = generate_module.generate
+    # Steps generated (one per run: calib.workload.generate.Relaunchable), workloads built from them
+    # (host launches added at a new set of split points) and workloads asked for (trial costs).
+    counts = {"generated": 0, "built": 0, "asked": 0}
+    relaunchable = generate_module.Relaunchable
+    for name, count in (("__init__", "generated"), ("_build", "built"), ("at", "asked")):
+        def counted(*a: object, _f: object = getattr(relaunchable, name), _k: str = count, **kw: object) -> object:
+            counts[_k] += 1
+            return _f(*a, **kw)  # type: ignore[operator]
 
-    def counted(*a: object, **kw: object) -> object:
-        generated[0] += 1
-        return original(*a, **kw)
-
-    generate_module.generate = counted
+        setattr(relaunchable, name, counted)
     collector = [0.0, 0.0]  # total, start of the current collection
 
     def timed(phase: str, _info: dict) -> None:
@@ -57,7 +60,8 @@ def main() -> None:
     wall = time.perf_counter() - t0
     print(f"left out {key} ({len(group)} runs), fitted on {len(others)} bundles")
     print(f"held-out fit: {wall:.1f} s wall, {collector[0]:.1f} s in the cyclic collector, "
-          f"{generated[0]} workloads generated, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+          f"{counts['generated']} steps generated, {counts['built']} workloads built for {counts['asked']} trial costs "
+          f"(the rest re-costed), peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     for run, pred in sorted(out["predictions"].items()):
         print(f"  {run}: predicted {pred.get('step_s', float('nan')) * 1e3:.2f} ms {pred.get('note', '')}")
 

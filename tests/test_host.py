@@ -175,23 +175,32 @@ def test_fit_runs_without_cross_validation_fits_the_same_costs() -> None:
     assert all(r["heldout_step_s"] is None for r in bare.runs)
 
 
-def test_repeated_op_tables_are_predicted_once() -> None:
-    import pandas as pd
+@pytest.mark.parametrize(("name", "par"), [
+    ("mixtral-8x7b@L2,S2048", ParallelConfig(tp=1, pp=2, dp=2, ep=2, micro_batch=1, global_batch=4)),
+    ("gpt3-1.3b@L4,S1024", ParallelConfig(tp=2, pp=2, dp=1, vpp=2, micro_batch=2, global_batch=8,
+                                          sequence_parallel=True, distributed_optimizer=False)),
+])
+def test_a_relaunched_step_is_the_step_generated_at_that_launch_cost(name: str, par: ParallelConfig) -> None:
+    """The host fit generates a run's step once and re-adds its host launches at every trial cost
+    (Relaunchable, calib.models.host.prepare_run), re-costing a workload it built before where the split
+    points are the same: node for node the step `generate` builds at those costs, in any order of costs,
+    where the split points differ from one cost to the next."""
+    from calib.workload.generate import Relaunchable
 
-    from calib.models.host import _same_ops_once
-
-    calls: list[int] = []
-
-    def predict(table: pd.DataFrame) -> np.ndarray:
-        calls.append(len(table))
-        return table["flops"].to_numpy(float) * 1e-12
-
-    kernel_time = _same_ops_once(predict)
-    a = pd.DataFrame({"flops": [1e9, 2e9]})
-    first = kernel_time(a)
-    first[0] = -1.0  # a caller changing its answer changes nothing remembered
-    assert kernel_time(a.copy()).tolist() == [1e-3, 2e-3] and calls == [2]
-    assert kernel_time(pd.DataFrame({"flops": [3e9]})).tolist() == [3e-3] and calls == [2, 1]
+    model = resolve_model(name)
+    rel = Relaunchable(model, par, _kernel_time)
+    sizes, seen = set(), []
+    for launch, sync in ((50e-6, 3e-4), (0.0, 3e-4), (2e-6, 1e-3), (0.6e-6, 3e-4), (50e-6, 1e-3), (51e-6, 2e-4),
+                         (9e-6, 3e-4), (0.0, 5e-4)):
+        host = HostModel(launch, sync, p2p_sync_s=8e-4 + sync)
+        again = rel.at(host)
+        fresh = generate(model, par, _kernel_time, host).workload
+        assert [c.trace.nodes for c in again.classes] == [c.trace.nodes for c in fresh.classes]
+        assert again.materialize(par.gpus - 1).nodes == fresh.materialize(par.gpus - 1).nodes
+        sizes.add(sum(len(c.trace.nodes) for c in fresh.classes))
+        seen.append(again)
+    assert seen[4] is seen[0] and seen[5] is seen[0] and seen[7] is seen[1]  # re-costed, not built again
+    assert len(sizes) > 1  # the launch costs moved split points: not one shape re-costed
 
 
 def test_fit_runs_fits_the_pipeline_sync_cost_on_the_pipeline_runs() -> None:
@@ -302,8 +311,6 @@ def test_all_gpu_bound_gives_zero_and_a_flat_tie_the_smallest_cost() -> None:
 def test_mape_minimum_on_a_nonlinear_step() -> None:
     # Convex, smooth steps (not piecewise linear): the fitted cost's MAPE is within 0.05 points of the best
     # on a fine grid of true values.
-    import numpy as np
-
     fns = [lambda c, a=a, g=g: max(g, a * c + 3e6 * c * c) for a, g in ((900, 0.05), (1500, 0.12), (700, 0.02),
                                                                        (2500, 0.3), (1100, 0.03))]
     measured = [0.06, 0.1, 0.05, 0.28, 0.09]

@@ -51,6 +51,13 @@ def test_one_comm_in_flight_and_compute_overlaps():
     assert res.exposed_ns[0]["comm"] == 2 * one - 100_000
 
 
+def test_without_breakdown_the_times_are_the_same_and_the_categories_empty():
+    wl = per_rank(lambda r: [coll(0, CommType.ALL_REDUCE, 1 << 24), comp(1, 100), comp(2, 30, deps=[0], cpu=True)])
+    full, bare = simulate(wl, SW8, SYS), simulate(wl, SW8, SYS, breakdown=False)
+    assert bare.finish_ns == full.finish_ns and bare.exposed_comm_ns == full.exposed_comm_ns
+    assert full.busy_ns[0] and bare.busy_ns == [{}] * 8 and bare.exposed_ns == [{}] * 8
+
+
 def test_cpu_op_counts_as_exposed_and_zero_duration_is_one_ns():
     res = simulate(per_rank(lambda r: [comp(0, 0), comp(1, 7, cpu=True), comp(2, 3, deps=[1])]), SW8, SYS)
     assert res.finish_ns[0] == 10_000

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from calib.errors import CalibError
 from calib.models.common import error_stat
@@ -617,29 +616,13 @@ class _PaceSearch:
         return out
 
 
-def _same_ops_once(predict: Callable[[pd.DataFrame], np.ndarray]) -> Callable[[pd.DataFrame], np.ndarray]:
-    """`predict` answering a repeated op table from memory: a run's generated step has the same ops
-    at every trial host cost, and predicting them took half of the host fit."""
-    last: list[tuple[pd.DataFrame, np.ndarray]] = []
-
-    def kernel_time(table: pd.DataFrame) -> np.ndarray:
-        if last and last[0][0].equals(table):
-            return last[0][1].copy()
-        out = np.asarray(predict(table), dtype=float)
-        last[:] = [(table.copy(), out)]
-        return out.copy()
-
-    return kernel_time
-
-
 def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     """The step-time function of one training bundle's generated configuration (module docstring)."""
     from calib.models.clock import run_slowdown, throttled
     from calib.sim import simulate
     from calib.validation import engine
     from calib.validation.measured import measured_step
-    from calib.workload.generate import generate
-    from calib.workload.host import host_recoster
+    from calib.workload.generate import Relaunchable
 
     spec = bundle.manifest.spec
     if spec is None:
@@ -650,35 +633,18 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     # Each run at the SM clock its measured steps ran at: the kernel model learned kernels of profiled
     # steps, which power-capped runs ran at a higher clock (calib.models.clock).
     clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
-    kernel_time = _same_ops_once(throttled(kernel_model.predict, run_slowdown(bundle, clock)))
-
-    # The generated step's shape depends on the launch cost alone (where the host falls behind inside
-    # a fused node); the sync costs only set durations. The sync and pipeline-sync curves vary those at
-    # a fixed launch cost, so the last step generated is re-costed in place instead of generated again.
-    # Its launch nodes are gathered on its first re-costing: most steps (the launch and pace searches)
-    # are never re-costed.
-    last: dict[float, Any] = {}  # launch cost -> the workload last generated, at that cost
-    recosts: list[Callable[[float, float, float | None], None]] = []  # its classes', once gathered
+    # Generated once: each trial cost only re-adds the host launches (Relaunchable.at), in a quarter
+    # of the time of generating the step again, or re-costs a workload it built before.
+    step_of = Relaunchable(model, par, throttled(kernel_model.predict, run_slowdown(bundle, clock)))
 
     def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
         key = (launch_s, sync_s, p2p_s)
         if key not in cache:
-            workload = last.get(launch_s)
-            if workload is None:
-                workload = generate(model, par, kernel_time, HostModel(launch_s, sync_s, p2p_sync_s=p2p_s)).workload
-                last.clear()
-                last[launch_s] = workload
-                recosts.clear()
-            else:
-                if not recosts:
-                    recosts.extend(host_recoster(c.trace) for c in workload.classes)
-                for recost in recosts:
-                    recost(launch_s, sync_s, p2p_s)
-            cache[key] = simulate(workload, network, system).step_time_s
+            workload = step_of.at(HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
+            cache[key] = simulate(workload, network, system, breakdown=False).step_time_s
         return cache[key]
 
-    probe = generate(model, par, kernel_time, HostModel(0.0, 0.0))
-    work = _host_work(probe.workload)
+    work = _host_work(step_of.at(HostModel(0.0, 0.0)))
     p2p = sum(w[2] for w in work)
     syncs = sum(w[1] for w in work)
     return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle))
@@ -759,7 +725,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         if key not in cache:
             for c in hosted.classes:
                 set_host_costs(c.trace, launch_s, sync, p2p_s)
-            cache[key] = simulate(hosted, network, system).step_time_s
+            cache[key] = simulate(hosted, network, system, breakdown=False).step_time_s
         return cache[key]
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit

@@ -189,18 +189,18 @@ class AnalyticalSimulator:
         return got
 
     # -- the replay ----------------------------------------------------------------------------
-    def run(self, timeline_path: str | None = None) -> SimResult:
+    def run(self, timeline_path: str | None = None, breakdown: bool = True) -> SimResult:
         # The replay allocates millions of short-lived objects and frees none of them in cycles;
         # the cyclic collector would only rescan them (a third of the run time at 8,192 GPUs).
         enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._run(timeline_path)
+            return self._run(timeline_path, breakdown)
         finally:
             if enabled:
                 gc.enable()
 
-    def _run(self, timeline_path: str | None) -> SimResult:
+    def _run(self, timeline_path: str | None, breakdown: bool = True) -> SimResult:
         t_wall = time.perf_counter()
         heap: list[tuple[int, int, int, int]] = []  # (time, seq, timeline, node index)
         seq = 0
@@ -371,7 +371,7 @@ class AnalyticalSimulator:
         self._check_complete(sends)
         if events is not None and timeline_path:
             _write_json_atomic(timeline_path, {"traceEvents": events, "displayTimeUnit": "ns"})
-        return self._result(time.perf_counter() - t_wall)
+        return self._result(time.perf_counter() - t_wall, breakdown)
 
     def _event(self, events: list, tl: _Timeline, i: int, t: int) -> None:
         node = tl.nodes[i]
@@ -408,14 +408,14 @@ class AnalyticalSimulator:
                     "has no matching receive"
                 )
 
-    def _result(self, wall_s: float) -> SimResult:
+    def _result(self, wall_s: float, breakdown: bool = True) -> SimResult:
         n = self.wl.num_ranks
         finish = [0] * n
         exposed = [0] * n
         busy_all: list[dict[str, int]] = [{} for _ in range(n)]
         exposed_all: list[dict[str, int]] = [{} for _ in range(n)]
         for tl, cls in zip(self.timelines, self.wl.classes, strict=True):
-            busy, exp = _categories(tl)
+            busy, exp = _categories(tl) if breakdown else ({}, {})
             for m in cls.members:
                 finish[m] = tl.finish
                 exposed[m] = max(0, tl.finish - tl.gpu_ns)
@@ -495,13 +495,14 @@ def _write_json_atomic(path: str, data: dict) -> None:
 
 
 def simulate_analytical(
-    workload: SimWorkload, network: NetworkConfig, system: SystemConfig, timeline_path: str | None = None
+    workload: SimWorkload, network: NetworkConfig, system: SystemConfig, timeline_path: str | None = None,
+    breakdown: bool = True,
 ) -> SimResult:
     # Building the timelines allocates as much as replaying them: keep the collector off for both.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return AnalyticalSimulator(workload, network, system).run(timeline_path)
+        return AnalyticalSimulator(workload, network, system).run(timeline_path, breakdown)
     finally:
         if enabled:
             gc.enable()

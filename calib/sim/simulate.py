@@ -16,13 +16,16 @@ def simulate(
     backend: str = "analytical",
     astra_sim_bin: str | None = None,
     timeline_path: str | None = None,
+    breakdown: bool = True,
 ) -> SimResult:
-    """Simulate one workload; `analytical` is the embedded simulator, `astrasim` runs the binary."""
+    """Simulate one workload; `analytical` is the embedded simulator, `astrasim` runs the binary.
+    `breakdown=False`: leave the per-category busy and exposed times empty (a caller wanting the step
+    time alone, such as the host fit simulating each run at dozens of costs, saves an eighth of the time)."""
     network.check_ranks(workload.num_ranks)
     if backend == "analytical":
         from calib.sim.analytical import simulate_analytical
 
-        return simulate_analytical(workload, network, system, timeline_path=timeline_path)
+        return simulate_analytical(workload, network, system, timeline_path=timeline_path, breakdown=breakdown)
     if backend == "astrasim":
         from calib.sim.astrasim import run_astrasim
 

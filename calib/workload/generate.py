@@ -46,6 +46,7 @@ from calib.workload.host import (
     Launched,
     add_host,
     concat,
+    host_recoster,
     summarize,
 )
 from calib.workload.models import ModelSpec
@@ -80,6 +81,7 @@ class Segment:
     launched: Launched | None = None  # its kernels as the host launches them (with a host model)
     sync: bool = False  # the host waits for it before launching more (calib.workload.host.SYNC_AFTER)
     read: bool = False  # ... and that sync is a scalar read (calib.workload.host.READ_SYNCS: no sync cost)
+    kernels: tuple[tuple[int, int], ...] = ()  # (duration_ns, count) runs in launch order (with a host model)
 
 
 Compiled = list  # list[Segment | O.Coll | O.Wait]
@@ -198,6 +200,7 @@ class TraceBuilder:
         self.launch_ns = launch_ns
         self.host = launch_ns is not None
         self.launched: dict[int, Launched] = {}
+        self.parts: dict[int, list[Segment]] = {}  # compute node id -> the segments fused into it (with a host model)
         self.nodes: list[Node] = []
         self.frontier: list[int] = []
         self.last_compute: int | None = None
@@ -224,6 +227,7 @@ class TraceBuilder:
             if self.host and seg.launched is not None and self.launch_ns is not None:
                 both = concat(self.launched[prev.id], seg.launched, self.launch_ns)
                 self.launched[prev.id] = both
+                self.parts[prev.id].append(seg)
                 a[6].value, a[7].value, a[8].value, a[9].value = both.n, seg.sync, both.at, both.tail_ns
                 a[10].value = seg.read
             if not prev.name.endswith("+"):
@@ -241,6 +245,7 @@ class TraceBuilder:
         )
         if self.host and seg.launched is not None:
             lx = self.launched[nid] = seg.launched
+            self.parts[nid] = [seg]
             node.attrs += [Attr(LAUNCHES, lx.n, "int64_val"), Attr(HOST_SYNC, seg.sync, "bool_val"),
                            Attr(SPLIT_AT, lx.at, "int64_val"), Attr(SPLIT_NS, lx.tail_ns, "int64_val"),
                            Attr(HOST_READ, seg.read, "bool_val")]
@@ -330,10 +335,11 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozen
         first, last = run[0][0].name, run[-1][0].name
         name = first if first == last else f"{first}..{last}"
         mem = sum(d for (o, _), d in zip(run, each, strict=True) if o.op_class not in FLOP_CLASSES)
+        kernels = () if launch_ns is None else tuple(_kernel_runs(run, durations))
         out.append(Segment(name, sum(each), sum(o.flops * r for o, r in run), sum(o.bytes * r for o, r in run),
-                           main.op_class, mem,
-                           None if launch_ns is None else summarize(_kernel_runs(run, durations), launch_ns),
-                           run[-1][0].name in sync_after, run[-1][0].name in sync_after and run[-1][0].name in READ_SYNCS))
+                           main.op_class, mem, None if launch_ns is None else summarize(list(kernels), launch_ns),
+                           run[-1][0].name in sync_after, run[-1][0].name in sync_after and run[-1][0].name in READ_SYNCS,
+                           kernels))
         run.clear()
 
     for it in items:
@@ -400,6 +406,93 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, hos
         stage_memory_s=[mem for _, mem, _ in classes], groups=by_kind, templates=ctx.templates,
         replayed=[r for _, _, r in classes],
     )
+
+
+class Relaunchable:
+    """A generated step before its host launches, which `at` adds at any host costs without generating
+    the step again (the host model's fit simulates each run at dozens of launch costs).
+
+    The traces before `add_host` do not depend on the launch cost: a fused compute node stands for the
+    same kernels at any cost, and only where the host falls behind inside it (its split point, attrs
+    `host_split_at` and `host_split_ns`) does. `at` recomputes that from the node's segments, exactly as
+    `generate` computes it while fusing, and adds the host launches to a copy of the traces: the result
+    is node for node the workload `generate(..., host=)` returns. Nearby launch costs often leave every
+    split point where it was (a fit's dozens of costs give a run at most 16 sets of them), so the last
+    `KEEP` workloads are kept by their split points and re-costed in place when those come again.
+    """
+
+    KEEP = 8
+
+    def __init__(self, model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime) -> None:
+        check_supported(model, par)
+        self.par = par
+        # Any launch cost marks the host sync points; the split points set here are replaced in `at`.
+        self.ctx = _StepContext(model, par, kernel_time, 0)
+        stages = [_Stage(self.ctx, p) for p in range(par.pp)]
+        self.classes = [s.build()[0] for s in stages]
+        # Per class: (the SPLIT_AT attr, the SPLIT_NS attr, the segments fused into the node) of every
+        # compute node with host launches.
+        self.splits: list[list[tuple[Attr, Attr, list[Segment]]]] = []
+        for cls, stage in zip(self.classes, stages, strict=True):
+            parts = stage.b.parts
+            rows = []
+            for n in cls.trace.nodes:
+                if n.id in parts:
+                    a = {x.name: x for x in n.attrs}
+                    rows.append((a[SPLIT_AT], a[SPLIT_NS], parts[n.id]))
+            self.splits.append(rows)
+        self.comm_groups: dict[int, list[int]] = {}
+        for g in self.ctx.groups.all_groups().values():
+            self.comm_groups.update(g)
+        # Split points -> (the workload built with them, its classes' re-costers once gathered).
+        self._built: dict[tuple[int, ...], tuple[SimWorkload, list]] = {}
+
+    def at(self, host: HostCosts) -> SimWorkload:
+        """The step's workload with host launches at `host`'s costs. It may be one returned before,
+        re-costed in place: simulate it before the next call."""
+        launch_ns = int(round(float(host.launch_s) * 1e9))
+        summary: dict[int, Launched] = {}  # id(segment) -> its kernels' summary at this launch cost
+
+        def of(seg: Segment) -> Launched:
+            got = summary.get(id(seg))
+            if got is None:
+                got = summary[id(seg)] = summarize(list(seg.kernels), launch_ns)
+            return got
+
+        points: list[int] = []
+        for rows in self.splits:
+            for at_attr, ns_attr, segs in rows:
+                lx = of(segs[0])
+                for seg in segs[1:]:
+                    lx = concat(lx, of(seg), launch_ns)
+                at_attr.value, ns_attr.value = lx.at, lx.tail_ns
+                points += (lx.at, lx.tail_ns)
+        key = tuple(points)
+        launch_s, sync_s, p2p_s = float(host.launch_s), float(host.sync_s), _p2p_sync(host)
+        kept = self._built.pop(key, None)
+        if kept is None:
+            kept = (self._build(launch_s, sync_s, p2p_s), [])
+        else:
+            workload, recosts = kept
+            if not recosts:
+                recosts.extend(host_recoster(c.trace) for c in workload.classes)
+            for recost in recosts:
+                recost(launch_s, sync_s, p2p_s)
+        self._built[key] = kept  # the most recent last
+        while len(self._built) > self.KEEP:
+            del self._built[next(iter(self._built))]
+        return kept[0]
+
+    def _build(self, launch_s: float, sync_s: float, p2p_s: float | None) -> SimWorkload:
+        classes = [RankClass(rep=c.rep, members=list(c.members), trace=add_host(c.trace, launch_s, sync_s, p2p_sync_s=p2p_s))
+                   for c in self.classes]
+        built = [(c, 0.0, {}) for c in classes]
+        par, groups = self.par, self.ctx.groups
+
+        def materialize(rank: int) -> ExecutionTrace:
+            return _materialize(rank, par, groups, built)
+
+        return SimWorkload(num_ranks=par.gpus, classes=classes, comm_groups=dict(self.comm_groups), materialize=materialize)
 
 
 Bucket = tuple[list[int], float, float]  # (layer ids, dense params, expert params) on one rank
