@@ -13,7 +13,7 @@ from calib.errors import CalibError
 
 def test_every_preset_loads_and_cites_its_values() -> None:
     names = available()
-    for want in ("dgx-h200", "dgx-h100", "mi250", "h100-1", "h100-2", *[f"h200-{n}" for n in range(1, 9)]):
+    for want in ("dgx-h200", "dgx-h100", "mi250", "h100-1", "h100-2", "h100-4", *[f"h200-{n}" for n in range(1, 9)]):
         assert want in names
     for name in names:
         c = load_cluster(name)

@@ -328,6 +328,20 @@ ROUND21B += repeats(ROUND21_ONE, "r21")
 ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
             "llama70b-tp2-mbs2-rcsel", "llama8b-dp2-mbs2-rcsel", "mixtral-tp2-sp-rcsel", "mixtral-tp2-sp-s256"]
 
+# Round 23 (thirty-first session, asked for 4 x H100, nvidia-h100-x4, which may come as 4 x H200): the
+# 4-GPU collectives timed by their NCCL kernels (group sizes 2 and 4 on one 4-GPU host: the group-size-4
+# series had only event-timed points, with their 42-58 us launch floor) and as nccl-tests' loop, and
+# three 4-GPU configurations no round ran (dense TP 4, EP 4 at micro-batch 2, PP 2 x DP 2), predicted
+# before the call by both calibrations (h200/_campaigns/x4-round23/predictions.json, h100/...). Three
+# only: a 4-GPU bundle is 0.35-0.56 MB and the repository travels to the device whole (64 MiB).
+ROUND23 = ["collectives-4gpu-kernel", "collectives-4gpu-loop", "gpt6.7b-tp4-mbs2", "mixtral-ep4-mbs2",
+           "llama8b-pp2dp2-mbs2"]
+TRAININGS += [
+    ("gpt6.7b-tp4-mbs2", G67B, 4, 1, 1, 1, 2, 8, "none", []),
+    ("mixtral-ep4-mbs2", MIX, 1, 1, 4, 4, 2, 8, "none", []),
+    ("llama8b-pp2dp2-mbs2", L8B, 1, 2, 2, 1, 2, 16, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -410,6 +424,13 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs.append(Job("collectives-2gpu-loop-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop-r21"),
                                                      "--factor", "2", "--group-sizes", "2", "--iters", "20"],
                     est_s=90, timeout_s=300))
+    jobs.append(Job("collectives-4gpu-kernel", 4, ["collectives", "-o", str(out / "collectives-4gpu-kernel"),
+                                                   "--factor", "2", "--group-sizes", "2,4", "--timing", "kernel",
+                                                   "--repeats", "50"], est_s=60, timeout_s=300))
+    jobs.append(Job("collectives-4gpu-loop", 4, ["collectives", "-o", str(out / "collectives-4gpu-loop"),
+                                                 "--factor", "2", "--group-sizes", "4", "--iters", "20"],
+                    est_s=90, timeout_s=300))
+    jobs += [t(r) for r in ROUND23 if not r.startswith("collectives")]
     return jobs
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calib.calibration import Calibration
 from calib.cluster import load_cluster
+from calib.errors import CalibError
 from calib.project import default_calibration_path, project
 from calib.workload.models import resolve_model
 from calib.workload.parallel import ParallelConfig
@@ -65,7 +66,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("ids", nargs="+")
     a = ap.parse_args()
-    text = json.dumps(predict(a.ids, a.cluster), indent=1) + "\n"
+    try:
+        text = json.dumps(predict(a.ids, a.cluster), indent=1) + "\n"
+    except (CalibError, KeyError) as exc:  # an unknown preset or job id: one line, nothing written
+        raise SystemExit(f"predict: {exc}") from None
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
