@@ -15,6 +15,7 @@ import argparse
 import gzip
 import lzma
 import os
+import zlib
 from pathlib import Path
 
 from calib.chakra.codec import XZ_PRESET
@@ -27,7 +28,10 @@ def compact(bundle: Path) -> tuple[int, int]:
     """(bytes before, bytes after) over every gzip file of PATTERNS in `bundle`, each replaced by its .xz."""
     before = after = 0
     for gz in sorted(p for pattern in PATTERNS for p in bundle.glob(pattern)):
-        data = gzip.decompress(gz.read_bytes())
+        try:  # gzip itself, not calib.compressed.decompress: a file named .gz must be gzip to be recompressed
+            data = gzip.decompress(gz.read_bytes())
+        except (OSError, EOFError, zlib.error) as exc:
+            raise CalibError(f"{gz}: not a readable gzip file ({exc}); left as it was") from None
         packed = lzma.compress(data, preset=XZ_PRESET)
         if lzma.decompress(packed) != data:
             raise CalibError(f"{gz}: xz round trip differs; left as it was")
@@ -45,7 +49,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("bundles", nargs="+")
     for b in ap.parse_args().bundles:
-        before, after = compact(Path(b))
+        try:
+            before, after = compact(Path(b))
+        except CalibError as exc:
+            raise SystemExit(f"compact: {exc}") from None
         if before:
             print(f"{b}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
 

@@ -86,6 +86,21 @@ def test_compact_recompresses_losslessly(tmp_path: Path) -> None:
     assert [encode(read_et(f)) for f in bundle.et_files()] == [encode(read_et(f)) for f in src.et_files()]
 
 
+def test_compact_refuses_a_corrupt_gzip_in_one_line(tmp_path: Path) -> None:
+    """A file named .gz that is not gzip (or is cut short): one clear error, and the file is left as it was."""
+    import gzip
+
+    from calib.errors import CalibError
+    from measure.compact import compact
+
+    (tmp_path / "et").mkdir()
+    bad = tmp_path / "et" / "rank.0.et.gz"
+    bad.write_bytes(gzip.compress(b"x" * 1000)[:20])
+    with pytest.raises(CalibError, match="not a readable gzip file"):
+        compact(tmp_path)
+    assert bad.exists() and not (tmp_path / "et" / "rank.0.et.xz").exists()
+
+
 def read_et_bytes(data: bytes):
     from calib.chakra.codec import decode
 

@@ -272,10 +272,27 @@ def test_loop_timed_points_are_the_longer_of_launch_interval_and_kernel() -> Non
     assert np.abs(ser.predict(SIZES, loop=True) / looped - 1).max() < 1e-3
     assert np.abs(ser.predict(SIZES) / kernel - 1).max() < 1e-3
     again = Series.from_dict(ser.to_dict())
-    assert again.alpha_loop_s == ser.alpha_loop_s
+    assert again.alpha_loop_s == ser.alpha_loop_s and ser.loop_gap_s == 0.0
     additive = Series.fit("intra", "allreduce", 2, s, t, bench=events)
     assert np.abs(additive.predict(SIZES, bench=True) / looped - 1).max() > 0.05
     # Without kernel-timed sizes enough for a curve of their own, loop points count as event-timed.
     few = Series.fit("intra", "allreduce", 2, np.concatenate([SIZES[:2], SIZES]), np.concatenate([kernel[:2], looped]),
                      bench=np.r_[False, False, np.ones(len(SIZES), bool)], loop=np.r_[False, False, np.ones(len(SIZES), bool)])
     assert np.isnan(few.alpha_loop_s)
+
+
+def test_a_loops_gap_between_kernels_is_fitted() -> None:
+    """Back-to-back kernels of a loop leave a gap between them: per call max(launch interval, kernel +
+    gap). Fitted, the gap and the interval come back, the kernel curve stays the kernel-timed points', and
+    a calibration file without the gap (written before it) loads with none."""
+    kernel = allreduce_time(SIZES, 2)
+    looped = np.maximum(45e-6, kernel + 6e-6)
+    s, t = np.concatenate([SIZES, SIZES]), np.concatenate([kernel, looped])
+    events = np.concatenate([np.zeros(len(SIZES), bool), np.ones(len(SIZES), bool)])
+    ser = Series.fit("intra", "allreduce", 2, s, t, bench=events, loop=events)
+    assert ser.loop_gap_s == pytest.approx(6e-6, rel=1e-3) and ser.alpha_loop_s == pytest.approx(45e-6, rel=1e-6)
+    assert np.abs(ser.predict(SIZES, loop=True) / looped - 1).max() < 1e-3
+    assert np.abs(ser.predict(SIZES) / kernel - 1).max() < 1e-3
+    assert Series.from_dict(ser.to_dict()).loop_gap_s == ser.loop_gap_s
+    old = {k: v for k, v in ser.to_dict().items() if k != "loop_gap_s"}
+    assert Series.from_dict(old).loop_gap_s == 0.0

@@ -659,13 +659,12 @@ def _path_of(bundle: Any) -> float:
 def _host_work(workload: Any) -> tuple[tuple[int, int, int], ...]:
     """Per rank class of a host-annotated workload: (launches, device-to-host syncs that cost `sync_s`,
     pipeline syncs). Scalar reads (calib.workload.host.READ_SYNCS) cost no sync time and are not counted."""
-    from calib.workload.host import count_host, count_p2p_syncs, count_reads
+    from calib.workload.host import host_work
 
     work = []
     for c in workload.classes:
-        launches, syncs = count_host(c.trace)
-        p2p = count_p2p_syncs(c.trace)
-        work.append((launches, syncs - p2p - count_reads(c.trace), p2p))
+        w = host_work(c.trace)
+        work.append((w.launches, w.syncs - w.p2p_syncs - w.reads, w.p2p_syncs))
     return tuple(work)
 
 

@@ -84,8 +84,11 @@ class Series:
     A microbenchmark that times a loop of back-to-back calls between two events measures, per call,
     the longer of the host's launch interval and the kernel (the launches run ahead of the GPU once
     kernels outlast them): `alpha_loop_s` is that interval, and such points are fitted and predicted
-    as max(alpha_loop_s, kernel time) rather than with a latency of their own (NaN: no loop points,
-    or too few other sizes to fit the kernel curve without them; they count as event-timed then).
+    as max(alpha_loop_s, kernel time + loop_gap_s) rather than with a latency of their own (NaN: no loop
+    points, or too few other sizes to fit the kernel curve without them; they count as event-timed then).
+    `loop_gap_s` is the GPU's gap between two back-to-back NCCL kernels of the loop: the H200 loops took
+    4-10 us per call longer than the kernel-timed harness's kernels at 8-64 MiB, where the launches are
+    well ahead (0 in files written before it).
     `pipeline_s_per_sqrt_byte` is c in the module's t = alpha + c*sqrt(x) + x/busbw (0 in files
     written before that form); `residual` is a log-size correction (zero unless fitted with
     max_segments > 0, or loaded from an older file).
@@ -103,15 +106,16 @@ class Series:
     has_trace: bool = True
     pipeline_s_per_sqrt_byte: float = 0.0
     alpha_loop_s: float = float("nan")
+    loop_gap_s: float = 0.0
 
     def predict(self, nbytes: np.ndarray, group_size: int | None = None, bench: bool = False,
                 alpha_s: float | None = None, loop: bool = False) -> np.ndarray:
         """Kernel time (`alpha_s` overrides the series' latency); `bench`: an event-timed call, with its
-        own latency; `loop`: a call of an event-timed loop, max(alpha_loop_s, kernel time)."""
+        own latency; `loop`: a call of an event-timed loop, max(alpha_loop_s, kernel time + loop_gap_s)."""
         n = self.group_size if group_size is None else group_size
         s = np.asarray(nbytes, dtype=float)
         if loop and np.isfinite(self.alpha_loop_s):
-            return np.maximum(self.alpha_loop_s, self.predict(s, group_size, alpha_s=alpha_s))
+            return np.maximum(self.alpha_loop_s, self.predict(s, group_size, alpha_s=alpha_s) + self.loop_gap_s)
         alpha = self.alpha_bench_s if bench or loop else (self.alpha_s if alpha_s is None else alpha_s)
         x = s * bus_factor(self.kind, n)
         base = alpha + self.pipeline_s_per_sqrt_byte * np.sqrt(x) + x / self.busbw_bytes_per_s
@@ -121,7 +125,7 @@ class Series:
     def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 0,
             bench: np.ndarray | None = None, loop: np.ndarray | None = None) -> Series:
         """Fit the module's form; `bench` marks points timed by CUDA events (their own latency), `loop`
-        those of them timed over a loop of calls (max(alpha_loop_s, kernel time), see the class doc).
+        those of them timed over a loop of calls (max(alpha_loop_s, kernel time + loop_gap_s), see the class doc).
 
         max_segments > 0 adds a clamped piecewise-linear residual in log size on top (least
         squares in log time); 5-fold cross-validation on the H200 collectives found it hurts
@@ -134,7 +138,7 @@ class Series:
             ser = cls.fit(domain, kind, n, s[~lp], t[~lp], max_segments, b[~lp])
             kernel = ser.predict(s[lp])
             if np.all(np.isfinite(kernel)):  # a kernel curve needs a kernel-timed latency (alpha_s)
-                ser.alpha_loop_s = _loop_floor(kernel, t[lp])
+                ser.alpha_loop_s, ser.loop_gap_s = _loop_floor(kernel, t[lp])
                 ser.count = len(s)
                 ser.bytes_range = (float(s.min()), float(s.max()))
                 return ser
@@ -159,7 +163,8 @@ class Series:
     def to_dict(self) -> dict:
         return {
             "domain": self.domain, "kind": self.kind, "group_size": self.group_size, "alpha_s": self.alpha_s,
-            "alpha_bench_s": self.alpha_bench_s, "alpha_loop_s": self.alpha_loop_s, "has_trace": self.has_trace,
+            "alpha_bench_s": self.alpha_bench_s, "alpha_loop_s": self.alpha_loop_s, "loop_gap_s": self.loop_gap_s,
+            "has_trace": self.has_trace,
             "busbw_bytes_per_s": self.busbw_bytes_per_s,
             "pipeline_s_per_sqrt_byte": self.pipeline_s_per_sqrt_byte,
             "residual": self.residual.to_dict(), "count": self.count,
@@ -172,15 +177,24 @@ class Series:
                    float(d["busbw_bytes_per_s"]), ClampedPiecewise.from_dict(d["residual"]), int(d["count"]),
                    (float(d["bytes_range"][0]), float(d["bytes_range"][1])),
                    float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)),
-                   float(d.get("pipeline_s_per_sqrt_byte", 0.0)), float(d.get("alpha_loop_s", float("nan"))))
+                   float(d.get("pipeline_s_per_sqrt_byte", 0.0)), float(d.get("alpha_loop_s", float("nan"))),
+                   float(d.get("loop_gap_s", 0.0)))
 
 
-def _loop_floor(kernel: np.ndarray, t: np.ndarray) -> float:
-    """The launch interval f minimising the mean |max(f, kernel) - t| / t over a loop's points: the
-    loss is piecewise linear in f, so its minimum lies at one of the points' times or kernel times."""
-    cands = np.unique(np.concatenate([t, kernel]))
-    loss = [float(np.mean(np.abs(np.maximum(f, kernel) - t) / t)) for f in cands]
-    return float(cands[int(np.argmin(loss))])
+def _loop_floor(kernel: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(launch interval f, gap g) minimising the mean |max(f, kernel + g) - t| / t over a loop's points.
+    At a given g the loss is piecewise linear in f, so its minimum lies at one of the points' times or
+    shifted kernel times; g is searched over 0 and each point's own t - kernel (where that point is
+    fitted exactly when kernel-bound), the smallest g among equal losses."""
+    best = (float("inf"), 0.0, 0.0)
+    for g in np.unique(np.concatenate([[0.0], np.maximum(t - kernel, 0.0)])):
+        shifted = kernel + g
+        cands = np.unique(np.concatenate([t, shifted]))
+        loss = np.array([np.mean(np.abs(np.maximum(f, shifted) - t) / t) for f in cands])
+        i = int(np.argmin(loss))
+        if loss[i] < best[0] - 1e-12:
+            best = (float(loss[i]), float(cands[i]), float(g))
+    return best[1], best[2]
 
 
 L1_ITERATIONS = 40

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
 from calib.errors import CalibError
@@ -348,24 +349,44 @@ def set_host_costs(trace: ExecutionTrace, launch_s: float, sync_s: float, p2p_sy
     host_recoster(trace)(launch_s, sync_s, p2p_sync_s)
 
 
+class HostWork(NamedTuple):
+    """What the host does in a trace made by `add_host`: kernel launches, and of its sync points all of
+    them, those after a pipeline send/recv and those after scalar reads only (no `sync_s`)."""
+
+    launches: int
+    syncs: int
+    p2p_syncs: int
+    reads: int
+
+
+def host_work(trace: ExecutionTrace) -> HostWork:
+    """`HostWork` of a trace made by `add_host`, in one pass over its nodes."""
+    launches = syncs = p2p = reads = 0
+    for n in trace.nodes:
+        if n.attr(ROLE) is None:
+            continue
+        a = {x.name: x.value for x in n.attrs}
+        launches += int(a.get(ROLE_LAUNCHES, 1))
+        syncs += bool(a.get(ROLE_AFTER_SYNC, False))
+        p2p += bool(a.get(ROLE_AFTER_P2P, False))
+        reads += bool(a.get(ROLE_AFTER_READ, False))
+    return HostWork(launches, syncs, p2p, reads)
+
+
 def count_host(trace: ExecutionTrace) -> tuple[int, int]:
     """(kernel launches, sync points) of a trace made by `add_host`."""
-    launches = syncs = 0
-    for n in trace.nodes:
-        if n.attr(ROLE) is not None:
-            launches += int(n.attr(ROLE_LAUNCHES, 1))
-            syncs += bool(n.attr(ROLE_AFTER_SYNC, False))
-    return launches, syncs
+    work = host_work(trace)
+    return work.launches, work.syncs
 
 
 def count_reads(trace: ExecutionTrace) -> int:
     """The sync points of a trace made by `add_host` that waited for scalar reads only (no sync cost)."""
-    return sum(1 for n in trace.nodes if n.attr(ROLE) is not None and bool(n.attr(ROLE_AFTER_READ, False)))
+    return host_work(trace).reads
 
 
 def count_p2p_syncs(trace: ExecutionTrace) -> int:
     """The sync points of a trace made by `add_host` that waited for a pipeline send/recv."""
-    return sum(1 for n in trace.nodes if n.attr(ROLE) is not None and bool(n.attr(ROLE_AFTER_P2P, False)))
+    return host_work(trace).p2p_syncs
 
 
 def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float,
