@@ -781,7 +781,8 @@ def memory_points(bundles: Sequence[Bundle]) -> list[MemoryPoint]:
         est = estimate(model_of(spec), parallel_of(spec), float(capacity))
         points.append(MemoryPoint(b.id, spec.key(), est.total_bytes, float(allocated),
                                   float(max(m.peak_reserved_bytes for m in mem)),
-                                  float(max(outside)) if outside else None, float(capacity)))
+                                  float(max(outside)) if outside else None, float(capacity),
+                                  spec.tp * spec.pp * spec.dp))
     return points
 
 
@@ -800,8 +801,10 @@ def _fit_memory_section(cal: Calibration, chosen: list[Bundle]) -> None:
     if model.capacity_bytes > 0:
         cal.provenance["memory.capacity_bytes"] = f"calibrated: the device total CUDA reported in {_short(model.bundles)}"
     with_outside = [p.bundle for p in points if p.outside_bytes is not None]
+    counts = ", ".join(f"{n} GPU(s) {v / 2**30:.2f} GiB" for n, v in model.outside_by_gpus.items())
     cal.provenance["memory.outside_allocator_bytes"] = (
-        f"calibrated: {_short(with_outside)}" if with_outside else
+        f"calibrated: the most of a run's ranks per GPU count ({counts}; a count between two measured ones takes "
+        f"the lower's, one beyond the largest the largest's) from {_short(with_outside)}" if with_outside else
         "not calibrated: no bundle recorded the memory outside torch's allocator (measured from the "
         "twenty-fifth session on); counted as 0")
 

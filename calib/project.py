@@ -262,7 +262,7 @@ def project(
 
     breakdown, critical_stage = _breakdown(gen, result, par)
     mem = memory_model.estimate(model, par, capacity)
-    device = device_memory(mem.total_bytes, capacity, memory)
+    device = device_memory(mem.total_bytes, capacity, memory, par.gpus)
     configured.append("memory: Megatron model-state bytes and Korthikanti et al. 2022 activations")
     if measured_capacity:
         calibrated.append("memory.hbm_bytes (the device total the bundles' CUDA reported)")

@@ -97,7 +97,7 @@ def sweep(model: ModelSpec, gpus: int, base: ParallelConfig, cluster: ClusterPre
 
     def row(p: ParallelConfig) -> SweepRow:
         est = memory_model.estimate(model, p, capacity)
-        dev = device_memory(est.total_bytes, capacity, mm)
+        dev = device_memory(est.total_bytes, capacity, mm, p.gpus)
         return SweepRow(p, est.total_gib, dev.fits, dev.verdict)
 
     rows = [row(p) for p in candidates(model, gpus, base, cluster.gpus_per_node)]

@@ -142,6 +142,29 @@ def test_held_out_bracket_and_refusals() -> None:
         MemoryModel.fit([MemoryPoint("x", "X", 1.0, 0.0, 0.0, None)])
 
 
+def test_memory_outside_the_allocator_follows_the_gpu_count() -> None:
+    """Ranks of a 4-GPU run hold more outside the allocator (a communicator's buffers per group and peer)
+    than those of 1- or 2-GPU runs: each count keeps its own, a count between two takes the lower's, one
+    beyond the largest the largest's, and a file without the counts one value for all."""
+    g, mb = GIB, 2**20
+    one, two, four, other_four = 9114 * mb, 9011 * mb, 16282 * mb, 13312 * mb
+    pts = [MemoryPoint("a", "A", 30 * g, 30 * g, 33 * g, one, 0.0, 1), MemoryPoint("b", "B", 40 * g, 40 * g, 42 * g, two, 0.0, 2),
+           MemoryPoint("c", "C", 20 * g, 20 * g, 22 * g, four, 0.0, 4), MemoryPoint("d", "D", 20 * g, 20 * g, 22 * g, other_four, 0.0, 4)]
+    model = MemoryModel.fit(pts)
+    assert [model.outside_for(n) for n in (1, 2, 3, 4, 8192)] == [one, two, two, four, four]
+    assert model.outside_for(None) == model.outside_allocator_bytes == four
+    assert device_memory(50 * g, 80 * g, model, 1).outside_bytes == one
+    back = MemoryModel.from_dict(model.to_dict())
+    assert back.outside_by_gpus == model.outside_by_gpus
+    old = {k: v for k, v in model.to_dict().items() if k != "outside_allocator_bytes_by_gpus"}
+    assert MemoryModel.from_dict(old).outside_for(1) == four
+    # Held out, each 4-GPU run is predicted with the other's memory outside (its own count), not the
+    # 1-GPU run's: d, at 22 GiB reserved + 13 outside, is 16282 - 13312 MiB over, the largest error.
+    errors, _ = memory_errors(pts)
+    assert errors["memory.device_peak"].count == 4
+    assert errors["memory.device_peak"].max == pytest.approx(100 * (four - other_four) / (22 * g + other_four), rel=1e-6)
+
+
 @needs_h100
 def test_capacity_is_what_a_process_may_use_where_the_probes_recorded_it(tmp_path: Path) -> None:
     """Round 15's probes record cudaMemGetInfo's total; the capacity is the smallest of those, else the

@@ -43,6 +43,7 @@ class MemoryPoint:
     reserved_bytes: float  # the largest peak reserved over the ranks
     outside_bytes: float | None  # the most held outside the allocator over the ranks; None = not recorded
     capacity_bytes: float = 0.0  # the device's total memory as the run's CUDA saw it; 0 = not recorded
+    gpus: int = 1  # the GPUs of the run (all on one host)
 
     @property
     def reserve_ratio(self) -> float:
@@ -66,6 +67,11 @@ class MemoryModel:
     # and 141e9 bytes.
     capacity_bytes: float = 0.0
     bundles: list[str] = field(default_factory=list)
+    # Per GPU count of the fitted runs: the most held outside the allocator by a rank of such a run. A
+    # rank holds a communicator's buffers per group it is in and per peer it connects to, so the runs on
+    # four GPUs held 13.0-15.9 GiB where those on one or two held 8.8-8.9 (round 23). Empty in files
+    # written before it: `outside_allocator_bytes` for every count.
+    outside_by_gpus: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def fit(cls, points: Sequence[MemoryPoint]) -> MemoryModel:
@@ -75,34 +81,51 @@ class MemoryModel:
         ratios = np.array([p.reserve_ratio for p in usable])
         outside = [p.outside_bytes for p in usable if p.outside_bytes is not None]
         capacity = [p.capacity_bytes for p in usable if p.capacity_bytes > 0]
+        by_gpus: dict[int, float] = {}
+        for p in usable:
+            if p.outside_bytes is not None:
+                by_gpus[p.gpus] = max(by_gpus.get(p.gpus, 0.0), float(p.outside_bytes))
         return cls(
             reserve_ratio=float(max(ratios.max(), 1.0)), reserve_ratio_median=float(np.median(ratios)),
             outside_allocator_bytes=float(max(outside)) if outside else 0.0, runs=len(usable),
             outside_runs=len(outside), capacity_bytes=float(min(capacity)) if capacity else 0.0,
-            bundles=sorted(p.bundle for p in usable),
+            bundles=sorted(p.bundle for p in usable), outside_by_gpus=dict(sorted(by_gpus.items())),
         )
 
-    def device_bytes(self, estimate_bytes: float) -> tuple[float, float]:
-        """The device peak for an allocator estimate: (allocator fully packed, packed as measured)."""
-        low = estimate_bytes + self.outside_allocator_bytes
-        return low, estimate_bytes * self.reserve_ratio + self.outside_allocator_bytes
+    def outside_for(self, gpus: int | None = None) -> float:
+        """What a rank of a run on `gpus` GPUs holds outside the allocator: the value of the largest measured
+        GPU count not above `gpus` (the smallest measured count's where all are above it; nothing is
+        extrapolated beyond the largest), or the most of any run where no counts were recorded or `gpus`
+        is None."""
+        if gpus is None or not self.outside_by_gpus:
+            return self.outside_allocator_bytes
+        counts = sorted(self.outside_by_gpus)
+        below = [n for n in counts if n <= gpus]
+        return self.outside_by_gpus[below[-1] if below else counts[0]]
 
-    def verdict(self, estimate_bytes: float, capacity_bytes: float) -> str:
-        return _verdict(*self.device_bytes(estimate_bytes), capacity_bytes)
+    def device_bytes(self, estimate_bytes: float, gpus: int | None = None) -> tuple[float, float]:
+        """The device peak for an allocator estimate: (allocator fully packed, packed as measured)."""
+        outside = self.outside_for(gpus)
+        return estimate_bytes + outside, estimate_bytes * self.reserve_ratio + outside
+
+    def verdict(self, estimate_bytes: float, capacity_bytes: float, gpus: int | None = None) -> str:
+        return _verdict(*self.device_bytes(estimate_bytes, gpus), capacity_bytes)
 
     def to_dict(self) -> dict:
         return {
             "reserve_ratio": round(self.reserve_ratio, 4), "reserve_ratio_median": round(self.reserve_ratio_median, 4),
             "outside_allocator_bytes": int(self.outside_allocator_bytes), "runs": self.runs,
             "outside_runs": self.outside_runs, "capacity_bytes": int(self.capacity_bytes),
+            "outside_allocator_bytes_by_gpus": {str(n): int(v) for n, v in self.outside_by_gpus.items()},
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> MemoryModel:
         try:
+            by_gpus = {int(n): float(v) for n, v in (data.get("outside_allocator_bytes_by_gpus") or {}).items()}
             return cls(float(data["reserve_ratio"]), float(data["reserve_ratio_median"]),
                        float(data["outside_allocator_bytes"]), int(data["runs"]), int(data["outside_runs"]),
-                       float(data.get("capacity_bytes") or 0.0))
+                       float(data.get("capacity_bytes") or 0.0), outside_by_gpus=by_gpus)
         except (KeyError, TypeError, ValueError) as exc:
             raise CalibError(f"calibration memory section is malformed ({exc})") from exc
 
@@ -112,7 +135,7 @@ def memory_errors(points: Sequence[MemoryPoint]) -> tuple[dict[str, ErrorStat], 
 
     `memory`: the allocator estimate against each run's peak allocated (no fitted parameter).
     `memory.device_peak`: the device peak predicted at the median reserve ratio plus the memory outside
-    the allocator, both fitted on the other configurations (leave one configuration out), against the
+    the allocator at the run's GPU count, both fitted on the other configurations (leave one configuration out), against the
     measured device peak of the runs that recorded it. The second value returned says for how many of
     those runs the measured device peak stayed within the bracket's upper end fitted without them (what
     a verdict of "fits" rests on), and the worst excess in percent."""
@@ -128,17 +151,17 @@ def memory_errors(points: Sequence[MemoryPoint]) -> tuple[dict[str, ErrorStat], 
         if p.device_bytes is None or not any(q.outside_bytes is not None for q in others):
             continue
         m = MemoryModel.fit(others)
-        pred.append(p.estimate_bytes * m.reserve_ratio_median + m.outside_allocator_bytes)
+        pred.append(p.estimate_bytes * m.reserve_ratio_median + m.outside_for(p.gpus))
         meas.append(p.device_bytes)
-        excess = 100.0 * (p.device_bytes - m.device_bytes(p.estimate_bytes)[1]) / p.device_bytes
+        excess = 100.0 * (p.device_bytes - m.device_bytes(p.estimate_bytes, p.gpus)[1]) / p.device_bytes
         held["runs"] += 1
         held["within"] += int(excess <= 0)
         held["worst_excess_pct"] = round(max(held["worst_excess_pct"], excess), 3)
     if pred:
         errors["memory.device_peak"] = error_stat(
             np.array(pred), np.array(meas),
-            "leave-one-configuration-out: estimate x median reserve ratio + memory outside the allocator, "
-            "against the measured device peak")
+            "leave-one-configuration-out: estimate x median reserve ratio + memory outside the allocator at "
+            "the run's GPU count, against the measured device peak")
     return errors, held
 
 
@@ -167,8 +190,10 @@ def _verdict(low_bytes: float, high_bytes: float, capacity_bytes: float) -> str:
     return "tight" if low_bytes <= capacity_bytes else "out of memory"
 
 
-def device_memory(estimate_bytes: float, capacity_bytes: float, model: MemoryModel | None) -> DeviceMemory:
-    low, high = (estimate_bytes, estimate_bytes) if model is None else model.device_bytes(estimate_bytes)
-    outside = 0.0 if model is None else model.outside_allocator_bytes
+def device_memory(estimate_bytes: float, capacity_bytes: float, model: MemoryModel | None,
+                  gpus: int | None = None) -> DeviceMemory:
+    """The verdict for one GPU of a run on `gpus` GPUs (MemoryModel.outside_for; None: the most measured)."""
+    low, high = (estimate_bytes, estimate_bytes) if model is None else model.device_bytes(estimate_bytes, gpus)
+    outside = 0.0 if model is None else model.outside_for(gpus)
     return DeviceMemory(estimate_bytes, capacity_bytes, low, high, outside, _verdict(low, high, capacity_bytes),
                         model is not None)
