@@ -373,11 +373,24 @@ def train_job(spec: tuple, out: Path, warmup: int, steps: int, convert: bool, ti
     return Job(rid, tp * pp * dp, args, est_s=35.0 if tp * pp * dp < 8 else 40.0, timeout_s=timeout)
 
 
+def collectives_job(rid: str, gpus: int, out: Path, *flags: str, est_s: float, timeout_s: float) -> Job:
+    """`calib measure collectives` on `gpus` GPUs into out/rid, with `flags`."""
+    return Job(rid, gpus, ["collectives", "-o", str(out / rid), *flags], est_s=est_s, timeout_s=timeout_s)
+
+
+def timed_collectives(rid: str, gpus: int, out: Path, group_sizes: str, how: str, est_s: float = 90) -> Job:
+    """The collectives by factors of 2 at `group_sizes`, each call timed by its NCCL kernel (`how` "kernel",
+    50 calls) or as nccl-tests' loop of 20 back-to-back calls per event pair ("loop")."""
+    timing = ("--timing", "kernel", "--repeats", "50") if how == "kernel" else ("--iters", "20")
+    return collectives_job(rid, gpus, out, "--factor", "2", "--group-sizes", group_sizes, *timing, est_s=est_s,
+                           timeout_s=300)
+
+
 def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout: float, total_gpus: int = 8) -> list[Job]:
     jobs: list[Job] = []
     if smoke:
-        jobs.append(Job("collectives-smoke", 2, ["collectives", "-o", str(out / "collectives-smoke"), "--max-bytes",
-                                                 str(2**28), "--repeats", "10"], est_s=30, timeout_s=120))
+        jobs.append(collectives_job("collectives-smoke", 2, out, "--max-bytes", str(2**28), "--repeats", "10", est_s=30,
+                                    timeout_s=120))
         jobs += [train_job(s, out, 2, 5, convert, timeout) for s in SMOKE]
         jobs.append(Job("kernels-smoke", 1, ["kernels", "--quick", "-o", str(out / "kernels-smoke")], est_s=30, timeout_s=120))
         return jobs
@@ -392,14 +405,14 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     kernels = Job("kernels-h200", 1, ["kernels", "-o", str(out / "kernels-h200"), "--max-seconds", "120"], est_s=40, timeout_s=200)
     two = two[:2] + [kernels] + two[2:]
     if total_gpus >= 8:
-        jobs.append(Job("collectives-8gpu", 8, ["collectives", "-o", str(out / "collectives-8gpu")], est_s=45, timeout_s=180))
+        jobs.append(collectives_job("collectives-8gpu", 8, out, est_s=45, timeout_s=180))
         first8 = ["llama8b-tp2pp2dp2", "mixtral-ep8", "llama70b-tp4pp2-rcsel"]
         jobs += [t(r) for r in first8]
         jobs += [t(s[0]) for s in TRAININGS[5:12]]
         jobs += two
         jobs += [t("gpt13b-tp8-rcfull"), t("llama8b-dp8-distopt")]
     else:
-        jobs.append(Job("collectives-4gpu", 4, ["collectives", "-o", str(out / "collectives-4gpu")], est_s=40, timeout_s=180))
+        jobs.append(collectives_job("collectives-4gpu", 4, out, est_s=40, timeout_s=180))
         core4 = ["llama8b-tp2pp2", "mixtral-ep4", "llama70b-tp4-rcsel", "llama8b-tp4-mbs4", "llama8b-tp4-mbs4-notel",
                  "llama8b-pp4-rcfull"]
         jobs += [t(r) for r in core4]
@@ -408,15 +421,12 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
                                 "llama8b-dp4-distopt"]]
     jobs += [t(r) for r in ROUND3]
     jobs += [t(r) for r in ONE_GPU]
-    jobs.append(Job("collectives-2gpu-loop", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop"), "--factor", "2",
-                                                 "--group-sizes", "2", "--iters", "20"], est_s=90, timeout_s=300))
+    jobs.append(timed_collectives("collectives-2gpu-loop", 2, out, "2", "loop"))
     jobs += [t(r) for r in ROUND5_STEPS]
     jobs += [t(r) for r in ROUND6]
     jobs += [t(r) for r in ROUND7]
     jobs += [t(r) for r in ROUND8]
-    jobs.append(Job("collectives-2gpu-kernel", 2, ["collectives", "-o", str(out / "collectives-2gpu-kernel"), "--factor",
-                                                   "2", "--group-sizes", "2", "--timing", "kernel", "--repeats", "50"],
-                    est_s=90, timeout_s=300))
+    jobs.append(timed_collectives("collectives-2gpu-kernel", 2, out, "2", "kernel"))
     jobs += [t(r) for r in ROUND9[1:]]
     jobs += [t(r) for r in ROUND10[1:]]
     jobs += [t(r) for r in ROUND11]
@@ -431,18 +441,10 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     planned = {j.id for j in jobs}
     jobs += [t(r) for r in ROUND20 if r not in planned and not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND21B]
-    jobs.append(Job("collectives-2gpu-kernel-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-kernel-r21"),
-                                                       "--factor", "2", "--group-sizes", "2", "--timing", "kernel",
-                                                       "--repeats", "50"], est_s=90, timeout_s=300))
-    jobs.append(Job("collectives-2gpu-loop-r21", 2, ["collectives", "-o", str(out / "collectives-2gpu-loop-r21"),
-                                                     "--factor", "2", "--group-sizes", "2", "--iters", "20"],
-                    est_s=90, timeout_s=300))
-    jobs.append(Job("collectives-4gpu-kernel", 4, ["collectives", "-o", str(out / "collectives-4gpu-kernel"),
-                                                   "--factor", "2", "--group-sizes", "2,4", "--timing", "kernel",
-                                                   "--repeats", "50"], est_s=60, timeout_s=300))
-    jobs.append(Job("collectives-4gpu-loop", 4, ["collectives", "-o", str(out / "collectives-4gpu-loop"),
-                                                 "--factor", "2", "--group-sizes", "4", "--iters", "20"],
-                    est_s=90, timeout_s=300))
+    jobs.append(timed_collectives("collectives-2gpu-kernel-r21", 2, out, "2", "kernel"))
+    jobs.append(timed_collectives("collectives-2gpu-loop-r21", 2, out, "2", "loop"))
+    jobs.append(timed_collectives("collectives-4gpu-kernel", 4, out, "2,4", "kernel", est_s=60))
+    jobs.append(timed_collectives("collectives-4gpu-loop", 4, out, "4", "loop"))
     jobs += [t(r) for r in ROUND23 if not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND23B_H100 if not r.startswith("collectives")]
     return jobs
