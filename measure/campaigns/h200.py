@@ -355,6 +355,19 @@ TRAININGS += [
     ("llama8b-pp2dp2-mbs2-notel", L8B, 1, 2, 2, 1, 2, 16, "none", ["--no-telemetry"]),
 ]
 
+# Round 24 (one H100, the only kind that always gives an H100): layers at full width on the H100, predicted
+# before they ran by the H100 calibration (h100/_campaigns/x1-round24/predictions.json). Every 1-GPU
+# configuration that no H100 ran is predicted out of memory or "tight" there; these six are the tight ones
+# (their device-memory bracket straddles the H100's 79.2 GiB): round 19's three H200 layers, one layer of
+# Llama-3 70B at sequence 4096 with flash attention and of GPT-3 175B at 1024, and round 12's 8-layer
+# Llama-3 8B. Which end of each bracket holds tests the memory verdict; those that fit test the step time.
+ROUND24_H100 = ["llama70b-1gpu-L1-s8192-flash", "gpt175b-1gpu-L1-flash", "gpt175b-1gpu-L1",
+                "llama70b-1gpu-L1-s4096-flash", "gpt175b-1gpu-L1-s1024", "llama8b-1gpu-mbs2-L8"]
+TRAININGS += [
+    ("llama70b-1gpu-L1-s4096-flash", "llama3-70b@L1,S4096", 1, 1, 1, 1, 1, 4, "none", FLASH),
+    ("gpt175b-1gpu-L1-s1024", "gpt3-175b@L1,S1024", 1, 1, 1, 1, 1, 4, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -447,6 +460,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs.append(timed_collectives("collectives-4gpu-loop", 4, out, "4", "loop"))
     jobs += [t(r) for r in ROUND23 if not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND23B_H100 if not r.startswith("collectives")]
+    jobs += [t(r) for r in ROUND24_H100 if r not in ROUND19 + ROUND12]
     return jobs
 
 
