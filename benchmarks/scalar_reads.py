@@ -16,7 +16,6 @@ reads alike (the model of before) and on the routing copies alone (the model of 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -67,7 +66,7 @@ def replay(folder: Path, ids: list[str], sync_us: float, launch_us: float | None
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import read_run_traces, replay_workload
-    from calib.workload.host import add_host, add_host_to_replay, converted_sync_points
+    from calib.workload.host import add_host_to_replay
 
     cal = Calibration.load(default_calibration_path(folder.name))
     launch = launch_us * 1e-6 if launch_us is not None else cal.host_model().replay_launch_s or 34e-6
@@ -77,9 +76,7 @@ def replay(folder: Path, ids: list[str], sync_us: float, launch_us: float | None
         network, system = engine.replay_network(bundle, cal)
         base = replay_workload(read_run_traces(bundle))
         # Before: every device-to-host copy a sync point of one cost (no scalar reads told apart).
-        before = simulate(dataclasses.replace(base, classes=[dataclasses.replace(c, trace=add_host(
-            c.trace, launch, s, sync=converted_sync_points(c.trace), p2p_sync_s=s)) for c in base.classes]),
-            network, system).step_time_s
+        before = simulate(add_host_to_replay(base, launch, s, s, free_reads=False), network, system).step_time_s
         now = simulate(add_host_to_replay(base, launch, s, s), network, system).step_time_s
         free = simulate(add_host_to_replay(base, launch, 0.0, 0.0), network, system).step_time_s
         print(f"{rid}: measured {measured_step(bundle).time_s * 1e3:.1f} ms; replayed at launch {launch * 1e6:.1f} us: "

@@ -199,8 +199,11 @@ class TraceBuilder:
         # With a host model: record launches, split points and sync points for calib.workload.host.
         self.launch_ns = launch_ns
         self.host = launch_ns is not None
-        self.launched: dict[int, Launched] = {}
         self.parts: dict[int, list[Segment]] = {}  # compute node id -> the segments fused into it (with a host model)
+        # compute node id -> the fold of its parts' `launched`, kept alongside `parts` rather than derived
+        # from them: every merge writes the fused node's summary to its attrs, and re-folding the parts
+        # there is quadratic (a step without communication, as on one GPU, is one node of hundreds of parts).
+        self.launched: dict[int, Launched] = {}
         self.nodes: list[Node] = []
         self.frontier: list[int] = []
         self.last_compute: int | None = None
@@ -388,16 +391,8 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, hos
         for c, _, _ in classes:
             c.trace = add_host(c.trace, float(host.launch_s), float(host.sync_s), in_place=True,
                                p2p_sync_s=_p2p_sync(host))
-    comm_groups: dict[int, list[int]] = {}
     by_kind = ctx.groups.all_groups()
-    for g in by_kind.values():
-        comm_groups.update(g)
-
-    def materialize(rank: int) -> ExecutionTrace:
-        return _materialize(rank, par, ctx.groups, classes)
-
-    workload = SimWorkload(num_ranks=par.gpus, classes=[c for c, _, _ in classes], comm_groups=comm_groups,
-                           materialize=materialize)
+    workload = _workload(par, ctx.groups, by_kind, [c for c, _, _ in classes])
     compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE and not n.is_cpu_op) * 1e-9
                for c, _, _ in classes]
     return GeneratedStep(
@@ -441,9 +436,7 @@ class Relaunchable:
                     a = {x.name: x for x in n.attrs}
                     rows.append((a[SPLIT_AT], a[SPLIT_NS], parts[n.id]))
             self.splits.append(rows)
-        self.comm_groups: dict[int, list[int]] = {}
-        for g in self.ctx.groups.all_groups().values():
-            self.comm_groups.update(g)
+        self.by_kind = self.ctx.groups.all_groups()
         # Split points -> (the workload built with them, its classes' re-costers once gathered).
         self._built: dict[tuple[int, ...], tuple[SimWorkload, list]] = {}
 
@@ -486,13 +479,22 @@ class Relaunchable:
     def _build(self, launch_s: float, sync_s: float, p2p_s: float | None) -> SimWorkload:
         classes = [RankClass(rep=c.rep, members=list(c.members), trace=add_host(c.trace, launch_s, sync_s, p2p_sync_s=p2p_s))
                    for c in self.classes]
-        built = [(c, 0.0, {}) for c in classes]
-        par, groups = self.par, self.ctx.groups
+        return _workload(self.par, self.ctx.groups, self.by_kind, classes)
 
-        def materialize(rank: int) -> ExecutionTrace:
-            return _materialize(rank, par, groups, built)
 
-        return SimWorkload(num_ranks=par.gpus, classes=classes, comm_groups=dict(self.comm_groups), materialize=materialize)
+def _workload(par: ParallelConfig, groups: Groups, by_kind: dict[str, dict[int, list[int]]],
+              classes: list[RankClass]) -> SimWorkload:
+    """A step's workload from its rank classes (one per pipeline stage) and its groups by kind
+    (`Groups.all_groups`); any other rank's trace is materialized from its stage's."""
+    comm_groups: dict[int, list[int]] = {}
+    for g in by_kind.values():  # the simulators look groups up by id alone
+        comm_groups.update(g)
+
+    def materialize(rank: int) -> ExecutionTrace:
+        return _materialize(rank, par, groups, classes)
+
+    # A list of its own: `materialize` keeps reading `classes` whatever a caller does to the workload's.
+    return SimWorkload(num_ranks=par.gpus, classes=list(classes), comm_groups=comm_groups, materialize=materialize)
 
 
 Bucket = tuple[list[int], float, float]  # (layer ids, dense params, expert params) on one rank
@@ -758,12 +760,12 @@ class _Stage:
                 self._grad_reduce(bk, asynchronous=True)
 
 
-def _materialize(rank: int, par: ParallelConfig, groups: Groups, classes: list[tuple[RankClass, float, dict]]) -> ExecutionTrace:
+def _materialize(rank: int, par: ParallelConfig, groups: Groups, classes: list[RankClass]) -> ExecutionTrace:
     """`rank`'s own ET: its stage's trace with process-group ids and pipeline peers rewritten."""
     if not 0 <= rank < par.gpus:
         raise CalibError(f"rank {rank} is outside the workload's {par.gpus} ranks")
     t, d, s = coords(rank, par)
-    cls = classes[s][0]
+    cls = classes[s]
     if rank == cls.rep:
         return cls.trace
     gid_map = {str(groups.gid(k, cls.rep)): str(groups.gid(k, rank)) for k in groups.base}

@@ -315,12 +315,13 @@ def converted_reads(trace: ExecutionTrace) -> set[int]:
 
 
 def add_host_to_converted(trace: ExecutionTrace, launch_s: float, sync_s: float,
-                          p2p_sync_s: float | None = None) -> ExecutionTrace:
+                          p2p_sync_s: float | None = None, free_reads: bool = True) -> ExecutionTrace:
     """A converted ET (one node per measured kernel, in launch order) with its host launches: one
     launch per GPU node and the syncs of `converted_sync_points`, its scalar reads (`converted_reads`)
-    at no sync cost. Kernel durations stay as measured."""
+    at no sync cost. Kernel durations stay as measured. `free_reads` False: the scalar reads cost
+    `sync_s` like any other sync (the model before they were told apart, for benchmarks/scalar_reads.py)."""
     return add_host(trace, launch_s, sync_s, sync=converted_sync_points(trace), p2p_sync_s=p2p_sync_s,
-                    reads=converted_reads(trace))
+                    reads=converted_reads(trace) if free_reads else None)
 
 
 def host_recoster(trace: ExecutionTrace) -> Callable[[float, float, float | None], None]:
@@ -390,10 +391,11 @@ def count_p2p_syncs(trace: ExecutionTrace) -> int:
 
 
 def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float,
-                       p2p_sync_s: float | None = None) -> SimWorkload:
+                       p2p_sync_s: float | None = None, free_reads: bool = True) -> SimWorkload:
     """A replay workload (one class per rank, converted ETs) with every rank's host launches
-    (`add_host_to_converted`); `materialize` returns the new traces (for ASTRA-sim files)."""
-    traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s, p2p_sync_s) for c in workload.classes}
+    (`add_host_to_converted`, `free_reads` as there); `materialize` returns the new traces (for
+    ASTRA-sim files)."""
+    traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s, p2p_sync_s, free_reads) for c in workload.classes}
     classes = [RankClass(rep=c.rep, members=list(c.members), trace=traces[c.rep]) for c in workload.classes]
     return SimWorkload(num_ranks=workload.num_ranks, classes=classes, comm_groups=dict(workload.comm_groups),
                        materialize=traces.__getitem__)
