@@ -327,6 +327,9 @@ ROUND21B += repeats(ROUND21_ONE, "r21")
 # committed as h200/<id>-r22.
 ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel-notel", "llama70b-tp2",
             "llama70b-tp2-mbs2-rcsel", "llama8b-dp2-mbs2-rcsel", "mixtral-tp2-sp-rcsel", "mixtral-tp2-sp-s256"]
+# Round 25 (thirty-second session): four of them, one per parallelism, given 2 x H100 at last (h100/<id>,
+# h100/_campaigns/x2-round25): the tree that travels had room for no more.
+ROUND25_H100 = ["gpt6.7b-pp2-mbs2", "llama8b-dp2-mbs2-rcsel", "gpt13b-tp2-mbs2-rcsel", "llama70b-tp2"]
 
 # Round 23 (thirty-first session, asked for 4 x H100, nvidia-h100-x4, which may come as 4 x H200): the
 # 4-GPU collectives timed by their NCCL kernels (group sizes 2 and 4 on one 4-GPU host: the group-size-4
