@@ -11,7 +11,6 @@ exclusive host time and launches of each instrumented module and stage.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from collections import defaultdict
@@ -23,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load(path: Path) -> dict:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+    from calib.compressed import decompress
+
+    return json.loads(decompress(path.read_bytes(), str(path)))
 
 
 def _by_step(spans: list) -> dict[int, list[tuple[str, int, int]]]:

@@ -1,7 +1,8 @@
 """Recompress a bundle's gzip files with xz, losslessly and checked: its kept raw traces
-(raw/*.json.gz) and its Chakra ETs (et/rank.N.et.gz).
+(raw/*.json.gz) and its Chakra ETs (et/rank.N.et.gz); and a probe round's results (*.json.gz, as
+measure.probes.host_phases writes them into traces/*/_probes/host-phases-N).
 
-    python -m measure.compact BUNDLE_DIR [...]
+    python -m measure.compact BUNDLE_OR_PROBE_DIR [...]
 
 The committed tree travels with every device call under a 64 MiB limit, and these are its largest
 files: xz keeps the same bytes in about half of gzip's (raw JSON traces under half, ETs ~0.48).
@@ -21,7 +22,7 @@ from pathlib import Path
 from calib.chakra.codec import XZ_PRESET
 from calib.errors import CalibError
 
-PATTERNS = ("raw/*.json.gz", "et/rank.*.et.gz")
+PATTERNS = ("raw/*.json.gz", "et/rank.*.et.gz", "*.json.gz")
 
 
 def compact(bundle: Path) -> tuple[int, int]:
