@@ -1,0 +1,67 @@
+"""benchmarks/predictions.py: committed predictions scored against the runs they predicted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = ROOT / "traces" / "h100" / "gpt175b-1gpu-L1"
+
+
+def _scorer():
+    spec = importlib.util.spec_from_file_location("predictions_bench", ROOT / "benchmarks" / "predictions.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up there
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _tree(tmp_path: Path, predictions: dict, logs: dict[str, str]) -> Path:
+    gpu = tmp_path / "traces" / "h100"
+    shutil.copytree(BUNDLE, gpu / "layer")
+    campaign = gpu / "_campaigns" / "x1-round99"
+    (campaign / "logs").mkdir(parents=True)
+    (campaign / "predictions.json").write_text(json.dumps(predictions))
+    for run, text in logs.items():
+        (campaign / "logs" / f"{run}.log").write_text(text)
+    return tmp_path / "traces"
+
+
+def test_each_prediction_meets_its_run_its_out_of_memory_log_or_nothing(tmp_path: Path) -> None:
+    from calib.bundle.io import load_bundles
+    from calib.validation.measured import measured_step
+
+    measured = measured_step(load_bundles([str(BUNDLE)])[0]).time_s
+    traces = _tree(tmp_path, {
+        "layer": {"step_time_s": measured * 1.1, "memory_verdict": "tight"},
+        "too-big": {"step_time_s": 2.0, "memory_verdict": "out of memory"},
+        "never": {"step_time_s": 1.0, "memory_verdict": "fits"},
+        "calibration": "a string entry, not a prediction",
+    }, {"too-big": "error: run failed: rank 0: out of memory: OutOfMemoryError: CUDA out of memory."})
+    bench = _scorer()
+    rows = {r.run: r for r in bench.outcomes(traces)}
+    assert set(rows) == {"layer", "too-big", "never"}
+    assert rows["layer"].error_pct == pytest.approx(10.0)
+    assert rows["layer"].measured_s == pytest.approx(measured)
+    assert rows["too-big"].measured_s is None and rows["too-big"].ran_out
+    assert rows["never"].measured_s is None and not rows["never"].ran_out
+    df = bench.table(list(rows.values())).set_index("run")
+    assert df.loc["too-big", "outcome"] == "out of memory" and df.loc["never", "outcome"] == "not run"
+    assert df.loc["layer", "outcome"] == "ran"
+
+
+def test_a_prediction_is_not_matched_to_a_twin_on_another_gpu(tmp_path: Path) -> None:
+    traces = _tree(tmp_path, {"layer": {"step_time_s": 0.3, "memory_verdict": "fits"}}, {})
+    other = traces / "h200" / "_campaigns" / "x1-round99"
+    other.mkdir(parents=True)
+    (other / "predictions.json").write_text(json.dumps({"predictions": {"layer": {"step_time_s": 0.3}}}))
+    rows = _scorer().outcomes(traces)
+    by_gpu = {r.gpu: r for r in rows}
+    assert by_gpu["h100"].measured_s is not None
+    assert by_gpu["h200"].measured_s is None  # the H100 bundle is not the H200 run's
