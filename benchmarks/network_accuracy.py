@@ -134,24 +134,12 @@ def compute_overlap(bundles: list, model: object) -> pd.DataFrame:
 
 
 def host_repeats(bundles: list) -> pd.DataFrame:
-    """The same microbenchmark harness run again on another host (bundle `X` and `X-rNN`): per kind and
-    size >= 1 MiB, the repeat's median time over the first's, in %. What no model of (kind, group size,
-    bytes) can get under, since the hosts disagree."""
-    import re
+    """calib.models.network_points.host_repeats (what `calib fit` reports as network.host_repeat) with the
+    repeat's time over the first's, in %."""
+    from calib.models.network_points import host_repeats as repeats
 
-    by_id = {b.id: b for b in bundles if b.manifest.kind == "collectives"}
-    rows = []
-    for rid, b in by_id.items():
-        m = re.fullmatch(r"(.+)-r\d+", rid)
-        if not m or m.group(1) not in by_id:
-            continue
-        key = ["kind", "group_size", "bytes"]
-        first = by_id[m.group(1)].table("collectives").groupby(key)["time_s"].median()
-        again = b.table("collectives").groupby(key)["time_s"].median()
-        j = pd.concat([first.rename("first"), again.rename("again")], axis=1).dropna().reset_index()
-        j = j[j["bytes"] >= 2**20]
-        rows.append(j.assign(harness=m.group(1), diff_pct=100 * (j["again"] / j["first"] - 1)))
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+    j = repeats(bundles)
+    return j.assign(diff_pct=100 * (j["again"] / j["first"] - 1)) if not j.empty else j
 
 
 def _row(name: str, errors: dict, big: pd.DataFrame) -> dict:

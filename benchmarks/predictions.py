@@ -3,18 +3,14 @@ configurations it had not seen, measured prospectively.
 
     python benchmarks/predictions.py [TRACES_DIR]      # default: traces/
 
-A campaign round that predicts its runs writes `calib project --json`'s step time and memory verdict
-for each job to `traces/<gpu>/_campaigns/<round>/predictions*.json` and commits it before the device
-call (measure/campaigns/predict.py). This reads each of them, finds the bundle of the same id in the
-same GPU folder (a twin run on another GPU is another GPU's measurement, so it is not matched), and
-prints per file and per GPU the step-time error (predicted over measured, less 1) and the memory
-verdict against what happened: the run fitted, or its log says it ran out of memory. A prediction
-with neither a bundle nor a log is counted as not run.
+The predictions files are read by calib.validation.prospective, whose step-time errors `calib validate`
+reports as "predicted before the run" (over the runs it validates). This adds what the report leaves
+out: each memory verdict against what happened (the run fitted, or its log says it ran out of memory;
+neither bundle nor log: not run), the predictions whose run never came, and a table per file.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +35,6 @@ class Outcome:
         return None if self.measured_s is None else 100.0 * (self.predicted_s / self.measured_s - 1.0)
 
 
-def entries(path: Path) -> dict[str, dict]:
-    """{run id: prediction} of one predictions file (round 9's nests them under "predictions")."""
-    data = json.loads(path.read_text())
-    inner = data.get("predictions", data)
-    return {k: v for k, v in inner.items() if isinstance(v, dict) and "step_time_s" in v}
-
-
 def ran_out_of_memory(campaign: Path, run: str) -> bool:
     log = campaign / "logs" / f"{run}.log"
     return log.is_file() and any(m in log.read_text(errors="replace") for m in OOM_MARKERS)
@@ -55,11 +44,13 @@ def outcomes(traces: Path) -> list[Outcome]:
     from calib.bundle.io import load_bundles
     from calib.errors import CalibError
     from calib.validation.measured import measured_step
+    from calib.validation.prospective import prediction_files, read_predictions
 
     out = []
-    for path in sorted(traces.glob("*/_campaigns/*/predictions*.json")):
+    for path in (f for gpu_dir in sorted(p for p in traces.iterdir() if p.is_dir()) for f in prediction_files(gpu_dir)):
         campaign, gpu_dir = path.parent, path.parent.parent.parent
-        for run, p in entries(path).items():
+        for p in read_predictions(path):
+            run = p.run
             measured = spread = None
             bundle_dir = gpu_dir / run
             if (bundle_dir / "manifest.json").is_file():
@@ -70,8 +61,8 @@ def outcomes(traces: Path) -> list[Outcome]:
                         measured, spread = m.time_s, m.spread
                 except CalibError:
                     pass
-            out.append(Outcome(gpu_dir.name, f"{campaign.name}/{path.name}", run, str(p.get("memory_verdict", "")),
-                               float(p["step_time_s"]), measured, spread, ran_out_of_memory(campaign, run)))
+            out.append(Outcome(gpu_dir.name, p.source, run, p.memory_verdict, p.step_s, measured, spread,
+                               ran_out_of_memory(campaign, run)))
     return out
 
 

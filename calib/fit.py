@@ -44,7 +44,7 @@ from calib.models.network import (
     fit_astra,
     normalize_kind,
 )
-from calib.models.network_points import INSTANCE_KEY, merge_instances
+from calib.models.network_points import INSTANCE_KEY, host_repeats, merge_instances
 from calib.models.peaks import GpuPeaks, peaks_for_gpu
 from calib.models.power import PowerModel, PowerPoint, power_points
 from calib.ops import (
@@ -704,6 +704,12 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         if skipped:
             cal.network["skipped"] = skipped
         cal.errors.update(nerr)
+        rep = host_repeats(chosen)
+        if not rep.empty:
+            cal.errors["network.host_repeat"] = error_stat(
+                rep["again"].to_numpy(float), rep["first"].to_numpy(float),
+                "no model: a microbenchmark harness run again on another host against its first run, "
+                f"sizes >= 1 MiB ({', '.join(sorted(set(rep['harness'])))}); the floor under `network` at those sizes")
         src = sorted(set(pd.concat([d for d in (micro, train) if not d.empty])["bundle"]))
         prov["network.series"] = f"calibrated: {len(nmodel.series)} series ({_short(list(nmodel.series), 6, 'series')}) from {_short(src)}"
         for dom in nmodel.astra:

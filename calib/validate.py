@@ -37,11 +37,13 @@ from calib.validation.measured import (
     model_name,
     parallelism_type,
 )
+from calib.validation.prospective import committed_predictions
 from calib.validation.replay import check_replayable, read_run_traces, simulate_replay
 from calib.validation.thresholds import Thresholds, load_thresholds, violations
 from calib.validation.types import (
     HELDOUT,
     IN_SAMPLE,
+    PREDICTED,
     REPLAY,
     ModelError,
     RunError,
@@ -286,6 +288,7 @@ def run_validation(
     if heldout and training:
         runs_h, models = _heldout(training, real, measured, breakdowns, jobs, cache, say, notes)
         runs += runs_h
+    runs += _predicted_before(training, measured)
     models += _calibration_model_errors(cal)
 
     series = depth_series(runs)
@@ -464,6 +467,18 @@ def _heldout_results(tasks: list[tuple[str, list[str], list[str]]], jobs: int, c
     return [r for r in results if r is not None]
 
 
+def _predicted_before(training: list[Bundle], measured: dict) -> list[RunError]:
+    """The runs' committed predictions (calib.validation.prospective), one record per prediction file
+    that predicted the run; the file and its calibration are in the note."""
+    found = committed_predictions([b.path for b in training])
+    runs = []
+    for b in training:
+        for p in found.get((Path(b.path).resolve().parent, b.id), []):
+            runs.append(_run_error(b, PREDICTED, measured[b.id], p.step_s,
+                                   note=f"{p.source}; calibration {p.calibration or 'not named'}"))
+    return runs
+
+
 def _calibration_model_errors(cal: object) -> list[ModelError]:
     """The per-model errors the fit itself reported (cross-validated inside `calib fit`)."""
     errors = getattr(cal, "errors", None) or {}
@@ -527,6 +542,8 @@ def write_validation_section(path: Path, report: ValidationReport) -> None:
         "replay_mape": s.get("replay_mape"), "replay_max": s.get("replay_max"), "replay_count": s.get("replay_count"),
         "replay_configs": s.get("replay_configs"), "replay_missing": s.get("replay_missing"),
         "in_sample_mape": s.get("in_sample_mape"), "in_sample_max": s.get("in_sample_max"),
+        "predicted_before_mape": s.get("predicted_before_mape"), "predicted_before_max": s.get("predicted_before_max"),
+        "predicted_before_count": s.get("predicted_before_count"),
         "method": "leave-one-configuration-out over the real GPU training bundles (calib validate)",
         "runs": [
             {"run": r.run, "kind": r.kind, "model": r.model, "measured_step_s": r.measured_step_s,

@@ -164,3 +164,23 @@ def test_generated_steps_do_the_measured_gemm_and_attention_work() -> None:
                 assert ratio == pytest.approx(1.0, rel=1e-9), (b.id, stage)
         checked += 1
     assert checked >= 40
+
+
+def test_a_harness_repeated_on_another_host_is_paired_with_its_first_run() -> None:
+    """network.host_repeat's points: each X-rNN microbenchmark against X, per kind, group size and size
+    >= 1 MiB, both as the medians of their own tables; a repeat without its first run pairs with nothing."""
+    from calib.models.network_points import host_repeats
+
+    micro = load_bundles([TRACES / "h200"], kinds=("collectives",)) if (TRACES / "h200").is_dir() else []
+    by_id = {b.id: b for b in micro}
+    if "collectives-2gpu-kernel-r21" not in by_id or "collectives-2gpu-kernel" not in by_id:
+        pytest.skip("the repeated 2-GPU kernel-timed harness is not committed")
+    rep = host_repeats(micro)
+    assert set(rep["harness"]) >= {"collectives-2gpu-kernel"} and (rep["bytes"] >= MIB).all()
+    row = rep[rep["harness"] == "collectives-2gpu-kernel"].iloc[0]
+    sel = {k: row[k] for k in ("kind", "group_size", "bytes")}
+    for bid, col in (("collectives-2gpu-kernel", "first"), ("collectives-2gpu-kernel-r21", "again")):
+        t = by_id[bid].table("collectives")
+        t = t[(t["kind"] == sel["kind"]) & (t["group_size"] == sel["group_size"]) & (t["bytes"] == sel["bytes"])]
+        assert row[col] == pytest.approx(float(t["time_s"].median()))
+    assert host_repeats([by_id["collectives-2gpu-kernel-r21"]]).empty

@@ -65,3 +65,35 @@ def test_a_prediction_is_not_matched_to_a_twin_on_another_gpu(tmp_path: Path) ->
     by_gpu = {r.gpu: r for r in rows}
     assert by_gpu["h100"].measured_s is not None
     assert by_gpu["h200"].measured_s is None  # the H100 bundle is not the H200 run's
+
+
+def test_calib_validate_reports_the_committed_predictions_of_its_runs(tmp_path: Path) -> None:
+    """`calib validate` scores a validated run's committed prediction as its own kind of error, with the
+    file and the calibration it was made with, in the report and the summary."""
+    from calib.bundle.io import load_bundles
+    from calib.validate import run_validation
+    from calib.validation.measured import measured_step
+    from calib.validation.types import PREDICTED
+
+    measured = measured_step(load_bundles([str(BUNDLE)])[0]).time_s
+    traces = _tree(tmp_path, {"layer": {"step_time_s": measured * 0.95, "calibration": "cal-of-the-day.yaml"},
+                              "elsewhere": {"step_time_s": 1.0}}, {})
+    cal = ROOT / "calib" / "data" / "calibration-h100.yaml"
+    rep = run_validation([traces / "h100" / "layer"], calibration_path=cal, out_dir=tmp_path / "out", replay=False,
+                         heldout=False, in_sample=False, write_calibration=False)
+    [r] = rep.of_kind(PREDICTED)
+    assert r.run == "layer" and r.error_pct == pytest.approx(-5.0)
+    assert "x1-round99/predictions.json" in r.note and "cal-of-the-day.yaml" in r.note
+    assert rep.summary["predicted_before_count"] == 1
+    assert rep.summary["predicted_before_mape"] == pytest.approx(5.0)
+    assert "predicted before the run" in (tmp_path / "out" / "validation.md").read_text()
+
+
+def test_an_unreadable_predictions_file_is_one_clear_error(tmp_path: Path) -> None:
+    from calib.errors import CalibError
+    from calib.validation.prospective import read_predictions
+
+    bad = tmp_path / "predictions.json"
+    bad.write_text('{"layer": {"step_time_s": 0.3')
+    with pytest.raises(CalibError, match="not a readable predictions file"):
+        read_predictions(bad)

@@ -23,9 +23,19 @@ and calls whose member count is not the group size keep one point per row.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
+from calib.units import MIB
+
+if TYPE_CHECKING:
+    from calib.bundle.io import Bundle
+
 INSTANCE_KEY = ("pg_name", "seq")
+REPEAT_ID = re.compile(r"(.+)-r\d+")  # a campaign's repeat of bundle X on another lease: X-rNN
 
 
 def merge_instances(points: pd.DataFrame) -> pd.DataFrame:
@@ -50,3 +60,22 @@ def merge_instances(points: pd.DataFrame) -> pd.DataFrame:
         loose = pd.concat([loose, rows], ignore_index=True)
     out = pd.concat([merged.loc[complete].drop(columns="members"), loose], ignore_index=True)
     return out.drop(columns=list(INSTANCE_KEY))[list(c for c in points.columns if c not in INSTANCE_KEY)]
+
+
+def host_repeats(bundles: Sequence[Bundle]) -> pd.DataFrame:
+    """The same microbenchmark harness run again on another host (bundle `X-rNN` beside `X`): per kind,
+    group size and size >= 1 MiB, the first host's median time (`first`) and the repeat's (`again`), with
+    `harness` X. No model enters it: no function of (kind, group size, bytes) can come closer to both
+    hosts than they are to each other, so it is the floor under the collective model's error there."""
+    by_id = {b.id: b for b in bundles if b.manifest.kind == "collectives" and b.has("collectives")}
+    key = ["kind", "group_size", "bytes"]
+    rows = []
+    for rid, b in sorted(by_id.items()):
+        m = REPEAT_ID.fullmatch(rid)
+        if not m or m.group(1) not in by_id:
+            continue
+        first = by_id[m.group(1)].table("collectives").groupby(key)["time_s"].median()
+        again = b.table("collectives").groupby(key)["time_s"].median()
+        j = pd.concat([first.rename("first"), again.rename("again")], axis=1).dropna().reset_index()
+        rows.append(j[j["bytes"] >= MIB].assign(harness=m.group(1)))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=[*key, "first", "again", "harness"])

@@ -1,6 +1,7 @@
 """Write the validation report: reports/validation.json, .md, .html (plots embedded) and a rich table.
 
-Every figure carries its kind (replay | held-out | in-sample) and the number of runs behind it.
+Every figure carries its kind (replay | held-out | in-sample | predicted before the run) and the number of
+runs behind it.
 All files are written to a temporary name and moved into place, so a crash never leaves a report
 that looks complete.
 """
@@ -16,11 +17,20 @@ import os
 from pathlib import Path
 
 from calib.stack import stack_summary
-from calib.validation.types import HELDOUT, IN_SAMPLE, KIND_TEXT, REPLAY, RunError, ValidationReport, repeats
+from calib.validation.types import (
+    HELDOUT,
+    IN_SAMPLE,
+    KIND_TEXT,
+    PREDICTED,
+    REPLAY,
+    RunError,
+    ValidationReport,
+    repeats,
+)
 
-KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample"}
-KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray"}
-SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE))
+KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample", PREDICTED: "predicted before the run"}
+KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray", PREDICTED: "tab:green"}
+SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE), ("predicted_before", PREDICTED))
 
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
@@ -275,7 +285,7 @@ def plots(report: ValidationReport) -> dict[str, bytes]:
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="exact")
     ax.plot([lo, hi], [lo * 1.06, hi * 1.06], "k:", lw=0.6, label="±6% (held-out goal for the max)")
     ax.plot([lo, hi], [lo * 0.94, hi * 0.94], "k:", lw=0.6)
-    for kind, marker, size in ((IN_SAMPLE, "s", 40), (REPLAY, "^", 28), (HELDOUT, "o", 22)):
+    for kind, marker, size in ((IN_SAMPLE, "s", 40), (REPLAY, "^", 28), (HELDOUT, "o", 22), (PREDICTED, "D", 26)):
         rs = [r for r in done if r.kind == kind]
         if rs:
             ax.scatter([r.measured_step_s * 1e3 for r in rs], [r.predicted_step_s * 1e3 for r in rs],
@@ -292,7 +302,7 @@ def plots(report: ValidationReport) -> dict[str, bytes]:
     out["predicted vs measured"] = png(fig)
 
     runs = sorted({r.run for r in done})
-    kinds = [k for k in (HELDOUT, REPLAY, IN_SAMPLE) if any(r.kind == k for r in done)]
+    kinds = [k for k in (HELDOUT, REPLAY, IN_SAMPLE, PREDICTED) if any(r.kind == k for r in done)]
     fig, ax = subplots(figsize=(8, 0.32 * len(runs) * len(kinds) + 1.5))
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):

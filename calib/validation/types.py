@@ -11,13 +11,16 @@ import numpy as np
 REPLAY = "replay"
 HELDOUT = "heldout"
 IN_SAMPLE = "in-sample"
-ERROR_KINDS = (REPLAY, HELDOUT, IN_SAMPLE)
+PREDICTED = "predicted-before"
+ERROR_KINDS = (REPLAY, HELDOUT, IN_SAMPLE, PREDICTED)
 
 # What each kind means, printed beside every figure.
 KIND_TEXT = {
     REPLAY: "replay: the run's own converted ETs (measured kernel times) simulated on the calibrated network",
     HELDOUT: "held-out: its configuration left out of the fit, its workload generated from the spec and simulated",
     IN_SAMPLE: "in-sample: generated and simulated with the calibration fitted on all bundles, this run included",
+    PREDICTED: "predicted before the run: `calib project` of its configuration with the calibration of its day, "
+               "committed before the run existed (traces/<gpu>/_campaigns/*/predictions*.json)",
 }
 
 
@@ -34,7 +37,7 @@ class RunError:
     dp: int
     ep: int
     parallelism: str  # "TP+DP", "single", ...
-    kind: str  # replay | heldout | in-sample
+    kind: str  # replay | heldout | in-sample | predicted-before
     measured_step_s: float
     measured_steps: int  # how many steps the measured median rests on
     predicted_step_s: float | None
@@ -142,10 +145,12 @@ def repeats(runs: list[RunError]) -> list[dict]:
 
 
 def summarize(runs: list[RunError], real_bundles: int) -> dict:
-    """heldout/replay/in-sample mean and max absolute error (percent), and the runs/configs behind each;
+    """heldout/replay/in-sample/predicted-before mean and max absolute error (percent), and the runs/configs
+    behind each;
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
-    for kind, key in ((HELDOUT, "heldout"), (REPLAY, "replay"), (IN_SAMPLE, "in_sample")):
+    for kind, key in ((HELDOUT, "heldout"), (REPLAY, "replay"), (IN_SAMPLE, "in_sample"),
+                      (PREDICTED, "predicted_before")):
         rs = [r for r in runs if r.kind == kind and r.error_pct is not None]
         mape, mx = error_stats([r.error_pct for r in rs])
         out[f"{key}_mape"] = mape
