@@ -101,18 +101,22 @@ def test_h200_runs_throttle_with_their_gemm_share(h200_points) -> None:
 
 
 def test_h100_clock_slows_only_where_that_beats_no_slowdown() -> None:
-    """The H100's unfused runs barely throttle (profiled over measured SM clock 1.000-1.024 on one GPU;
-    round 20's one GPT-3 175B layer at TP 2, whose GEMMs are the largest, 1.041); its flash runs, whose
-    steps are mostly GEMM and attention, up to 1.10. The fit keeps a hinge only where it predicts
-    held-out runs better than no slowdown at all."""
+    """The H100's unfused runs of scaled-down width barely throttle (profiled over measured SM clock
+    1.000-1.024 on one GPU); the layers at full width, whose GEMMs are the largest, more (GPT-3 175B at TP 2
+    1.041, on one GPU 1.086; Llama-3 70B at TP 2 1.062: rounds 20, 24 and 25); its flash runs, whose steps
+    are mostly GEMM and attention, up to 1.10. The fit keeps a hinge only where it predicts held-out runs
+    better than no slowdown at all."""
     if not (TRACES / "h100").is_dir():
         pytest.skip("no committed H100 bundles")
     bundles = load_bundles([TRACES / "h100"])
     one_gpu = {b.id for b in bundles if b.manifest.spec is not None and b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp == 1}
     points = clock_points(bundles)
     unfused = [p for p in points if "flash" not in p.bundle]
-    assert max(p.ratio for p in unfused if p.bundle in one_gpu) < 1.03
-    assert max(p.ratio for p in unfused) < 1.05
+    full = [p for p in unfused if p.bundle.startswith(("gpt175b", "llama70b"))]
+    narrow = [p for p in unfused if p not in full]
+    assert max(p.ratio for p in narrow if p.bundle in one_gpu) < 1.03
+    assert max(p.ratio for p in narrow) < 1.05
+    assert max(p.ratio for p in narrow) < max(p.ratio for p in full) < 1.10
     model, err = ClockModel.fit(points)
     if model.slope == 0:
         assert "no slowdown" in err.method

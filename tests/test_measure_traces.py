@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from calib.bundle.io import check_bundle, load_bundles
+from calib.errors import CalibError
 from calib.workload.models import resolve_model
 from tests.conftest import TRACES
 
@@ -179,8 +180,9 @@ def test_two_tier_telemetry_reaches_20_hz_in_every_column(bundles: list) -> None
 
 
 def test_telemetry_twins_record_their_overhead(bundles: list) -> None:
-    by_id = {b.id: b for b in bundles}
-    twins = [(i, i + "-notel") for i in by_id if i + "-notel" in by_id]
+    # Twins share a GPU folder: an H100 run without telemetry is no twin of the H200 run of the same id.
+    by_id = {(b.path.parent.name, b.id): b for b in bundles}
+    twins = [(k, (k[0], k[1] + "-notel")) for k in by_id if (k[0], k[1] + "-notel") in by_id]
     assert len(twins) >= 2
     for on, off in twins:
         m_on, m_off = by_id[on].manifest, by_id[off].manifest
@@ -199,3 +201,15 @@ def test_microbenchmarks_on_both_gpus(bundles: list) -> None:
     assert coll["bytes"].min() <= 1024 and coll["bytes"].max() >= 2**30
     big = coll[(coll.kind == "all_reduce") & (coll.group_size == 4) & (coll.bytes >= 2**30 - 1024)]
     assert 200 < big["busbw_gbps"].iloc[0] < 450  # NVLink NV18 all-reduce busbw on H200, nccl-tests GB/s
+
+
+def test_twins_on_two_gpu_models_are_refused() -> None:
+    """The same spec without telemetry on another GPU model is no telemetry twin: one clear error, no
+    overhead written."""
+    from measure.campaigns.twins import overhead_fraction
+
+    on, off = TRACES / "h200" / "gpt6.7b-tp4-mbs2", TRACES / "h100" / "gpt6.7b-tp4-mbs2-notel"
+    if not (on.is_dir() and off.is_dir()):
+        pytest.skip("the 4-GPU GPT-3 6.7B runs are not committed")
+    with pytest.raises(CalibError, match="not twins: they ran on NVIDIA H200"):
+        overhead_fraction(on, off)

@@ -32,6 +32,8 @@ def overhead_fraction(on: Path, off: Path) -> float:
     a, b = read_bundle(on), read_bundle(off)
     if a.manifest.spec is None or b.manifest.spec is None or a.manifest.spec.key() != b.manifest.spec.key():
         raise CalibError(f"{on} and {off} are not twins: their specs differ")
+    if a.manifest.gpu.name != b.manifest.gpu.name:  # same spec on another GPU: a twin of nothing
+        raise CalibError(f"{on} and {off} are not twins: they ran on {a.manifest.gpu.name} and {b.manifest.gpu.name}")
     if not a.manifest.telemetry.enabled or b.manifest.telemetry.enabled:
         raise CalibError(f"{on} must have telemetry on and {off} off")
     return step_median_s(on) / step_median_s(off) - 1.0
