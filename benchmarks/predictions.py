@@ -41,28 +41,26 @@ def ran_out_of_memory(campaign: Path, run: str) -> bool:
 
 
 def outcomes(traces: Path) -> list[Outcome]:
-    from calib.bundle.io import load_bundles
+    from calib.bundle.io import read_bundle
     from calib.errors import CalibError
     from calib.validation.measured import measured_step
     from calib.validation.prospective import prediction_files, read_predictions
 
     out = []
-    for path in (f for gpu_dir in sorted(p for p in traces.iterdir() if p.is_dir()) for f in prediction_files(gpu_dir)):
-        campaign, gpu_dir = path.parent, path.parent.parent.parent
-        for p in read_predictions(path):
-            run = p.run
-            measured = spread = None
-            bundle_dir = gpu_dir / run
-            if (bundle_dir / "manifest.json").is_file():
-                try:
-                    [b] = load_bundles([str(bundle_dir)])
-                    if b.manifest.status == "complete":
-                        m = measured_step(b)
-                        measured, spread = m.time_s, m.spread
-                except CalibError:
-                    pass
-            out.append(Outcome(gpu_dir.name, p.source, run, p.memory_verdict, p.step_s, measured, spread,
-                               ran_out_of_memory(campaign, run)))
+    for gpu_dir in sorted(p for p in traces.iterdir() if p.is_dir()):
+        for path in prediction_files(gpu_dir):
+            for p in read_predictions(path):
+                measured = spread = None
+                if (gpu_dir / p.run / "manifest.json").is_file():
+                    try:
+                        b = read_bundle(gpu_dir / p.run)
+                        if b.manifest.status == "complete":
+                            m = measured_step(b)
+                            measured, spread = m.time_s, m.spread
+                    except CalibError:
+                        pass
+                out.append(Outcome(gpu_dir.name, p.source, p.run, p.memory_verdict, p.step_s, measured, spread,
+                                   ran_out_of_memory(path.parent, p.run)))
     return out
 
 
