@@ -330,6 +330,10 @@ ROUND21C = ["gpt13b-tp2-mbs2-rcsel", "gpt6.7b-pp2-mbs2", "gpt6.7b-tp2-mbs4-rcsel
 # Round 25 (thirty-second session): four of them, one per parallelism, given 2 x H100 at last (h100/<id>,
 # h100/_campaigns/x2-round25): the tree that travels had room for no more.
 ROUND25_H100 = ["gpt6.7b-pp2-mbs2", "llama8b-dp2-mbs2-rcsel", "gpt13b-tp2-mbs2-rcsel", "llama70b-tp2"]
+# Round 26 (thirty-third session): the other four, once the tables' recompression made room (h100/<id>,
+# h100/_campaigns/x2-round26; predicted in round 21's predictions-c.json and again, before the call, by the
+# committed H100 calibration in predictions.json).
+ROUND26_H100 = [i for i in ROUND21C if i not in ROUND25_H100]
 
 # Round 23 (thirty-first session, asked for 4 x H100, nvidia-h100-x4, which may come as 4 x H200): the
 # 4-GPU collectives timed by their NCCL kernels (group sizes 2 and 4 on one 4-GPU host: the group-size-4
