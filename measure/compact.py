@@ -1,6 +1,7 @@
 """Recompress a bundle's gzip files with xz, losslessly and checked: its kept raw traces
 (raw/*.json.gz) and its Chakra ETs (et/rank.N.et.gz); and a probe round's results (*.json.gz, as
-measure.probes.host_phases writes them into traces/*/_probes/host-phases-N).
+measure.probes.host_phases writes them into traces/*/_probes/host-phases-N). Its parquet tables are
+rewritten as bundles are written now (calib.bundle.io.write_parquet), where that is smaller.
 
     python -m measure.compact BUNDLE_OR_PROBE_DIR [...]
 
@@ -19,6 +20,10 @@ import os
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from calib.bundle.io import write_parquet
 from calib.chakra.codec import XZ_PRESET
 from calib.errors import CalibError
 
@@ -43,7 +48,50 @@ def compact(bundle: Path) -> tuple[int, int]:
         before += gz.stat().st_size
         after += len(packed)
         gz.unlink()
+    for table in sorted(bundle.glob("*.parquet")):
+        size, new = compact_parquet(table)
+        before += size
+        after += new
     return before, after
+
+
+def same_table(a: pa.Table, b: pa.Table) -> bool:
+    """The same schema (with its pandas metadata), nulls and values, floats bit for bit: NaNs count as
+    equal to themselves (Table.equals calls two NaNs unequal)."""
+    if not a.schema.equals(b.schema, check_metadata=True) or a.num_rows != b.num_rows:
+        return False
+    for name in a.column_names:
+        x, y = a[name].combine_chunks(), b[name].combine_chunks()
+        if not x.is_null().equals(y.is_null()):
+            return False
+        if pa.types.is_floating(x.type):
+            bits = pa.uint64() if x.type == pa.float64() else pa.uint32()
+            if not x.fill_null(0).view(bits).equals(y.fill_null(0).view(bits)):
+                return False
+        elif not x.equals(y):
+            return False
+    return True
+
+
+def compact_parquet(file: Path) -> tuple[int, int]:
+    """(bytes before, bytes after) of one parquet table rewritten by write_parquet: kept only when it
+    reads back to the same table and is smaller."""
+    size = file.stat().st_size
+    try:
+        table = pq.read_table(file)
+    except (OSError, pa.ArrowException) as exc:
+        raise CalibError(f"{file}: not a readable parquet file ({exc}); left as it was") from None
+    tmp = file.with_name(file.name + ".tmp")
+    write_parquet(table, tmp)
+    if not same_table(pq.read_table(tmp), table):
+        tmp.unlink()
+        raise CalibError(f"{file}: parquet round trip differs; left as it was")
+    if tmp.stat().st_size >= size:
+        tmp.unlink()
+        return size, size
+    new = tmp.stat().st_size
+    os.replace(tmp, file)
+    return size, new
 
 
 def main() -> None:

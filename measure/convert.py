@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from calib.bundle.io import write_parquet
 from calib.bundle.schema import COLLECTIVE_COLUMNS, KERNEL_COLUMNS
 from calib.errors import CalibError
 from measure.conventions import bandwidths_gbps
@@ -56,9 +57,9 @@ def convert_to(bundle_dir: Path, host: dict[int, Path], dev: dict[int, Path], st
     missing = [c for c in KERNEL_COLUMNS if c not in kernels.columns]
     if missing:
         raise CalibError(f"converter's kernel table lacks column(s) {', '.join(missing)}")
-    kernels.to_parquet(bundle_dir / "kernels.parquet", index=False, compression="zstd")
+    write_parquet(kernels, bundle_dir / "kernels.parquet")
     coll = collective_table(conv.collectives)
-    coll.to_parquet(bundle_dir / "collectives.parquet", index=False, compression="zstd")
+    write_parquet(coll, bundle_dir / "collectives.parquet")
     return {"et": f"converted by calib.convert: {len(conv.traces)} ranks", "et_step": step}
 
 

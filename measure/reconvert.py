@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from calib.bundle.io import read_bundle, update_notes
+from calib.bundle.io import read_bundle, update_notes, write_parquet
 from calib.errors import CalibError
 from measure.convert import convert_to, raw_paths
 
@@ -58,7 +58,7 @@ def refresh_bandwidths(path: str | Path) -> int:
     df["algbw_gbps"] = [a for a, _ in bw]
     df["busbw_gbps"] = [b for _, b in bw]
     tmp = file.with_name(file.name + ".tmp")
-    df.to_parquet(tmp, index=False, compression="zstd")
+    write_parquet(df, tmp)
     os.replace(tmp, file)
     return len(df)
 
@@ -136,7 +136,7 @@ def refresh_causal_attention(path: str | Path) -> int:
         return 0
     df.loc[todo, "flops"] = full[todo] / 2
     tmp = file.with_name(file.name + ".tmp")
-    df.to_parquet(tmp, index=False, compression="zstd")
+    write_parquet(df, tmp)
     os.replace(tmp, file)
     for et in bundle.et_files():
         trace = read_et(et)

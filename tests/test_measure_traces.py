@@ -102,6 +102,39 @@ def test_compact_refuses_a_corrupt_gzip_in_one_line(tmp_path: Path) -> None:
     assert bad.exists() and not (tmp_path / "et" / "rank.0.et.xz").exists()
 
 
+def test_compact_rewrites_a_bundles_tables_as_bundles_are_written_now(tmp_path: Path) -> None:
+    """measure.compact on tables written the earlier way (zstd at its default level): each reads back to
+    the same frame, smaller, with its floats split by byte stream; a table that is not parquet is one
+    clear error and is left as it was."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from calib.errors import CalibError
+    from measure.compact import compact, compact_parquet
+
+    src = next(b for b in load_bundles([TRACES / "h200"]) if b.id == "llama8b-pp4-rcfull")
+    copy = tmp_path / src.id
+    shutil.copytree(src.path, copy)
+    frames = {}
+    for f in copy.glob("*.parquet"):
+        frames[f.name] = pd.read_parquet(f)
+        frames[f.name].to_parquet(f, index=False, compression="zstd")  # how bundles were written before
+    before, after = compact(copy)
+    assert 0 < after < 0.9 * before
+    for name, frame in frames.items():
+        again = pd.read_parquet(copy / name)
+        pd.testing.assert_frame_equal(again, frame)
+    tel = pq.ParquetFile(copy / "telemetry.parquet").metadata.row_group(0)
+    encodings = {tel.column(i).path_in_schema: tel.column(i).encodings for i in range(tel.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["t_s"] and "BYTE_STREAM_SPLIT" not in encodings["gpu"]
+    assert compact(copy) == (after, after)  # compacted already: nothing changes
+    bad = copy / "steps.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(CalibError, match="not a readable parquet file"):
+        compact_parquet(bad)
+    assert bad.read_bytes() == b"PAR1 not really"
+
+
 def read_et_bytes(data: bytes):
     from calib.chakra.codec import decode
 

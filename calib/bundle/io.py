@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from calib.bundle.schema import (
     KINDS,
@@ -30,6 +32,22 @@ from calib.bundle.schema import (
 from calib.errors import CalibError
 
 PARTIAL = ".partial"
+# Bundle tables travel with every device call under a 64 MiB limit: floats split by byte stream
+# (telemetry's timestamps and counters repeat their high bytes) and zstd at its strongest keep the
+# same values in about 30 % less than zstd's default (measure.compact recompresses older bundles).
+PARQUET_ZSTD_LEVEL = 19
+
+
+def parquet_table(df: pd.DataFrame) -> pa.Table:
+    return pa.Table.from_pandas(df, preserve_index=False)
+
+
+def write_parquet(table: pd.DataFrame | pa.Table, path: str | os.PathLike) -> None:
+    """Write one bundle table as every bundle table is written (the one place that says how)."""
+    t = parquet_table(table) if isinstance(table, pd.DataFrame) else table
+    floats = [f.name for f in t.schema if pa.types.is_floating(f.type)]
+    pq.write_table(t, str(path), compression="zstd", compression_level=PARQUET_ZSTD_LEVEL,
+                   use_dictionary=[n for n in t.column_names if n not in floats], use_byte_stream_split=floats)
 
 
 def utc_now() -> str:
@@ -60,7 +78,7 @@ class BundleWriter:
         missing = [c for c in TABLE_COLUMNS[name] if c not in df.columns]
         if missing:
             raise CalibError(f"table {name}: missing column(s) {', '.join(missing)}")
-        df.to_parquet(self.tmp / f"{name}.parquet", index=False, compression="zstd")
+        write_parquet(df, self.tmp / f"{name}.parquet")
 
     def _seal(self) -> Path:
         (self.tmp / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=2, sort_keys=True))
