@@ -1,0 +1,92 @@
+"""What moves a host-paced step between runs, from measure.probes.host_pace's results (docs/host.md,
+thirty-third session).
+
+    python benchmarks/host_pace_probe.py [PROBE_DIR ...]   (default: traces/*/_probes/host-pace-*)
+
+Per configuration and CPU placement (`free`: every CPU, as `calib measure` runs; `pin2`: two CPUs): the
+range of the blocks' median steps; the fixed pure-Python work timed before each block (its fast and slow
+modes); the machine's steal time and the process's involuntary context switches over the blocks; and,
+where the pace was sampled after every step (`per-step`), the correlation of a step's time with the
+pace sampled just before it, per block (median and range) and pooled.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(path: Path) -> dict:
+    from calib.compressed import decompress
+
+    return json.loads(decompress(path.read_bytes(), str(path)))
+
+
+def blocks(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        for b in r["blocks"]:
+            out.setdefault((r["name"], b["policy"]), []).append(b)
+    return out
+
+
+def placement_table(results: list[dict]) -> list[str]:
+    lines = [f"{'configuration':14s} {'placement':9s} {'blocks':>6s} {'median step, ms':>18s} "
+             f"{'python work, ms':>16s} {'slow blocks':>11s} {'steal %':>8s} {'invol. switches':>15s}"]
+    for (name, policy), bs in sorted(blocks(results).items()):
+        steps = [1e3 * statistics.median(b["step_s"]) for b in bs]
+        py = [b["python_pace_us"] / 1e3 for b in bs]
+        fast = min(py)
+        slow = sum(p > 1.5 * fast for p in py)
+        ticks = {k: sum(b["cpu_ticks"][k] for b in bs) for k in bs[0]["cpu_ticks"]}
+        steal = 100 * ticks["steal"] / max(1, sum(ticks.values()))
+        invol = statistics.median(b["ctx_switches"]["involuntary"] for b in bs)
+        lines.append(f"{name:14s} {policy:9s} {len(bs):6d} {min(steps):8.1f} - {max(steps):6.1f} "
+                     f"{min(py):7.1f} - {max(py):5.1f} {slow:6d} of {len(bs):<2d} {steal:8.3f} {invol:15.0f}")
+    return lines
+
+
+def per_step_table(results: list[dict]) -> list[str]:
+    lines = [f"{'configuration':14s} {'steps':>5s} {'step, ms':>14s} {'pace sample, ms':>16s} "
+             f"{'r per block (median, range)':>28s} {'r pooled':>8s}"]
+    by_name: dict[str, list[dict]] = {}
+    for r in results:
+        by_name.setdefault(r["name"], []).extend(b for b in r["blocks"] if b.get("pace_after_step_us"))
+    for name, bs in sorted(by_name.items()):
+        if not bs:
+            continue
+        rs, xs, ys = [], [], []
+        for b in bs:
+            step = np.array(b["step_s"][1:]) * 1e3
+            before = np.array(b["pace_after_step_us"][:-1]) / 1e3  # sampled just before each of those steps
+            rs.append(float(np.corrcoef(step, before)[0, 1]))
+            xs.append(before)
+            ys.append(step)
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        pooled = float(np.corrcoef(x, y)[0, 1])
+        lines.append(f"{name:14s} {len(y):5d} {y.min():6.0f} - {y.max():5.0f} {x.min():7.2f} - {x.max():5.2f} "
+                     f"{statistics.median(rs):+10.2f} ({min(rs):+.2f} to {max(rs):+.2f}) {pooled:+8.2f}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    dirs = [Path(a) for a in argv] or sorted(ROOT.glob("traces/*/_probes/host-pace-*"))
+    for d in dirs:
+        print(f"== {d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}")
+        for f in sorted(d.glob("*.json*")):
+            results = load(f)["results"]
+            print(f"-- {f.name}: {len(results)} processes")
+            print("\n".join(placement_table(results)))
+            if any(b.get("pace_after_step_us") for r in results for b in r["blocks"]):
+                print("\n".join(per_step_table(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
