@@ -43,6 +43,7 @@ from calib.validation.thresholds import Thresholds, load_thresholds, violations
 from calib.validation.types import (
     HELDOUT,
     IN_SAMPLE,
+    MODEL_FREE,
     PREDICTED,
     REPLAY,
     ModelError,
@@ -473,10 +474,19 @@ def _predicted_before(training: list[Bundle], measured: dict) -> list[RunError]:
     found = committed_predictions([b.path for b in training])
     runs = []
     for b in training:
-        for p in found.get((Path(b.path).resolve().parent, b.id), []):
+        for p in found.get(b.path, []):
             runs.append(_run_error(b, PREDICTED, measured[b.id], p.step_s,
                                    note=f"{p.source}; calibration {p.calibration or 'not named'}"))
     return runs
+
+
+def _model_error_kind(method: str) -> str:
+    """How a fit error was obtained, from its method's words: a comparison involving no fitted model
+    (a harness against its repeat on another host, an estimate with no parameter) is neither
+    cross-validated nor in-sample."""
+    if method.startswith(("no model", "no fitted parameter")):
+        return MODEL_FREE
+    return IN_SAMPLE if "in-sample" in method else "cross-validated"
 
 
 def _calibration_model_errors(cal: object) -> list[ModelError]:
@@ -489,7 +499,7 @@ def _calibration_model_errors(cal: object) -> list[ModelError]:
         out.append(ModelError(
             str(name), None if mape is None or not math.isfinite(float(mape)) else float(mape),
             None if mx is None or not math.isfinite(float(mx)) else float(mx), int(d.get("count", 0)),
-            IN_SAMPLE if "in-sample" in str(d.get("method", "")) else "cross-validated",
+            _model_error_kind(str(d.get("method", ""))),
             f"from the calibration file ({d.get('method', 'method not stated')})",
         ))
     return out

@@ -386,3 +386,23 @@ def test_committed_traces_split_by_gpu_family() -> None:
     assert [fam for fam, _ in groups] == ["h200", "h100"]
     for fam, paths in groups:
         assert {gpu_family(read_bundle(p).manifest.gpu.name) for p in paths} == {fam}
+
+
+def test_fit_errors_are_labelled_by_how_they_were_obtained():
+    """The report's model table says which fit errors are cross-validated, which in-sample, and which
+    compare measurements with measurements (network.host_repeat: no model at all)."""
+    from types import SimpleNamespace
+
+    from calib.validate import _calibration_model_errors
+    from calib.validation.types import IN_SAMPLE, MODEL_FREE
+
+    cal = SimpleNamespace(errors={
+        "kernel": {"mape": 3.2, "max": 40.0, "count": 900, "method": "5-fold over distinct shapes"},
+        "power.energy_per_step": {"mape": 2.1, "max": 6.0, "count": 70, "method": "in-sample (one configuration)"},
+        "network.host_repeat": {"mape": 6.7, "max": 62.0, "count": 110,
+                                "method": "no model: a microbenchmark harness run again on another host"},
+        "memory.peak": {"mape": 1.0, "max": 3.0, "count": 9, "method": "no fitted parameter: estimate against peak"},
+    })
+    kinds = {m.model: m.kind for m in _calibration_model_errors(cal)}
+    assert kinds == {"kernel": "cross-validated", "power.energy_per_step": IN_SAMPLE,
+                     "network.host_repeat": MODEL_FREE, "memory.peak": MODEL_FREE}

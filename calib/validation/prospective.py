@@ -48,11 +48,19 @@ def prediction_files(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{CAMPAIGNS}/*/predictions*.json"))
 
 
-def committed_predictions(bundle_paths: list[Path]) -> dict[tuple[Path, str], list[Prediction]]:
-    """{(GPU folder, run id): its predictions} over the folders holding `bundle_paths`."""
-    out: dict[tuple[Path, str], list[Prediction]] = {}
-    for folder in sorted({Path(p).resolve().parent for p in bundle_paths}):
-        for f in prediction_files(folder):
-            for p in read_predictions(f):
-                out.setdefault((folder, p.run), []).append(p)
+def committed_predictions(bundle_paths: list[Path]) -> dict[Path, list[Prediction]]:
+    """{bundle path, as given: the predictions of its run} from the prediction files of the GPU folder
+    that holds it (a bundle's id is its folder's name)."""
+    by_folder: dict[Path, dict[str, list[Prediction]]] = {}
+    out: dict[Path, list[Prediction]] = {}
+    for path in bundle_paths:
+        folder = Path(path).resolve().parent
+        if folder not in by_folder:
+            by_folder[folder] = {}
+            for f in prediction_files(folder):
+                for p in read_predictions(f):
+                    by_folder[folder].setdefault(p.run, []).append(p)
+        found = by_folder[folder].get(Path(path).name, [])
+        if found:
+            out[path] = found
     return out

@@ -23,6 +23,7 @@ from calib.validation.types import (
     KIND_TEXT,
     PREDICTED,
     REPLAY,
+    SUMMARY_KEYS,
     RunError,
     ValidationReport,
     repeats,
@@ -30,8 +31,6 @@ from calib.validation.types import (
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample", PREDICTED: "predicted before the run"}
 KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray", PREDICTED: "tab:green"}
-SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE), ("predicted_before", PREDICTED))
-
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

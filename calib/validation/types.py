@@ -13,6 +13,10 @@ HELDOUT = "heldout"
 IN_SAMPLE = "in-sample"
 PREDICTED = "predicted-before"
 ERROR_KINDS = (REPLAY, HELDOUT, IN_SAMPLE, PREDICTED)
+# A fit error that compares measurements with measurements, or with an estimate that has no fitted parameter.
+MODEL_FREE = "no model"
+# Each kind's prefix in the summary's keys (`heldout_mape`, ...), in the order reports list them.
+SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE), ("predicted_before", PREDICTED))
 
 # What each kind means, printed beside every figure.
 KIND_TEXT = {
@@ -70,7 +74,7 @@ class ModelError:
     mape: float | None  # percent
     max: float | None  # percent
     count: int
-    kind: str  # heldout | in-sample | cross-validated
+    kind: str  # heldout | in-sample | cross-validated | no model
     method: str  # how it was obtained, in words
 
     def to_dict(self) -> dict:
@@ -149,8 +153,7 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
     behind each;
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
-    for kind, key in ((HELDOUT, "heldout"), (REPLAY, "replay"), (IN_SAMPLE, "in_sample"),
-                      (PREDICTED, "predicted_before")):
+    for key, kind in SUMMARY_KEYS:
         rs = [r for r in runs if r.kind == kind and r.error_pct is not None]
         mape, mx = error_stats([r.error_pct for r in rs])
         out[f"{key}_mape"] = mape
