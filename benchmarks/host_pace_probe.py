@@ -7,7 +7,8 @@ Per configuration and CPU placement (`free`: every CPU, as `calib measure` runs;
 range of the blocks' median steps; the fixed pure-Python work timed before each block (its fast and slow
 modes); the machine's steal time and the process's involuntary context switches over the blocks; and,
 where the pace was sampled after every step (`per-step`), the correlation of a step's time with the
-pace sampled just before it, per block (median and range) and pooled.
+pace sampled just before it, per block (median and range) and pooled; where a second process sampled the
+same work all along (`sidecar`), the correlation of each step with the samples taken while it ran.
 """
 
 from __future__ import annotations
@@ -75,6 +76,30 @@ def per_step_table(results: list[dict]) -> list[str]:
     return lines
 
 
+def sidecar_table(results: list[dict]) -> list[str]:
+    """Each step against the mean of the second process's samples taken while it ran (same clock)."""
+    lines = [f"{'configuration':14s} {'steps':>5s} {'step, ms':>14s} {'sidecar sample, ms':>19s} "
+             f"{'r per block (median, range)':>28s} {'r pooled':>8s}"]
+    by_name: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for r in results:
+        if not r.get("sidecar"):
+            continue
+        samples = np.array(r["sidecar"], dtype=float)
+        at, took = samples[:, 0], samples[:, 1] / 1e3
+        for b in r["blocks"]:
+            step = np.array(b["step_s"])
+            during = np.array([took[(at >= t0) & (at < t0 + s * 1e9)].mean() if ((at >= t0) & (at < t0 + s * 1e9)).any()
+                               else np.nan for t0, s in zip(b["step_start_ns"], step, strict=True)])
+            ok = ~np.isnan(during)
+            by_name.setdefault(r["name"], []).append((1e3 * step[ok], during[ok]))
+    for name, pairs in sorted(by_name.items()):
+        rs = [float(np.corrcoef(y, x)[0, 1]) for y, x in pairs]
+        y, x = np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
+        lines.append(f"{name:14s} {len(y):5d} {y.min():6.0f} - {y.max():5.0f} {x.min():8.2f} - {x.max():6.2f} "
+                     f"{statistics.median(rs):+10.2f} ({min(rs):+.2f} to {max(rs):+.2f}) {np.corrcoef(x, y)[0, 1]:+8.2f}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     dirs = [Path(a) for a in argv] or sorted(ROOT.glob("traces/*/_probes/host-pace-*"))
     for d in dirs:
@@ -85,6 +110,8 @@ def main(argv: list[str]) -> int:
             print("\n".join(placement_table(results)))
             if any(b.get("pace_after_step_us") for r in results for b in r["blocks"]):
                 print("\n".join(per_step_table(results)))
+            if any(r.get("sidecar") for r in results):
+                print("\n".join(sidecar_table(results)))
     return 0
 
 

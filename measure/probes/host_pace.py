@@ -14,7 +14,9 @@ switches (another task took its CPU), the machine's steal and busy time from /pr
 neighbours), and two host benchmarks of fixed work run in the same process just before the block: a
 pure-Python loop and a run of tiny CUDA ops launched without waiting. If the step follows the
 benchmarks, a measurement can carry its host's pace; if it follows placement, `calib measure` should
-pin. Blocks alternate placements so that drift within a process does not pose as either.
+pin. Blocks alternate placements so that drift within a process does not pose as either. With
+`--sidecar`, a second process samples the same work all along on whichever CPU it gets: if it sees the
+trainer's slow spells, a measurement could record its host's pace beside its steps without touching them.
 """
 
 from __future__ import annotations
@@ -120,6 +122,18 @@ def python_pace_us(n: int = 20_000, tries: int = 3) -> float:
     return best
 
 
+def sidecar(log: Path, gap_s: float = 0.004) -> None:
+    """Sample the host's pace from another process until killed: one line per sample, its start
+    (perf_counter_ns: CLOCK_MONOTONIC, the same clock as the trainer's) and its microseconds. If the
+    CPUs slow down together, this sees the trainer's pace without sharing its thread or its GIL."""
+    with open(log, "w") as f:
+        while True:
+            t = time.perf_counter_ns()
+            f.write(f"{t} {python_pace_us(PACE_SAMPLE, tries=1):.1f}\n")
+            f.flush()
+            time.sleep(gap_s)
+
+
 def launch_pace_us(n: int = 400) -> float:
     """Host microseconds per tiny CUDA op (an in-place add on 1 KiB), launched without waiting; the
     median of three runs, each after the GPU drained."""
@@ -162,19 +176,20 @@ def run_one(probe: Probe, blocks: list[str], steps: int, warmup: int) -> dict[st
         torch.cuda.synchronize()
         py, launch = python_pace_us(), launch_pace_us()
         cs0, st0 = context_switches(), cpu_times()
-        times, paces = [], []
+        times, paces, starts = [], [], []
         for _ in range(steps):
             torch.cuda.synchronize()
             t = time.perf_counter_ns()
             step()
             torch.cuda.synchronize()
             times.append((time.perf_counter_ns() - t) / 1e9)
+            starts.append(t)
             # ~1 ms of fixed work after each step, outside its timing: the host's pace step by step.
             paces.append(python_pace_us(PACE_SAMPLE, tries=1))
         cs1, st1 = context_switches(), cpu_times()
         out.append({
             "policy": policy, "cpus": sorted(every) if policy == "free" else list(pair), "step_s": times,
-            "python_pace_us": py, "launch_pace_us": launch, "pace_after_step_us": paces,
+            "python_pace_us": py, "launch_pace_us": launch, "pace_after_step_us": paces, "step_start_ns": starts,
             "ctx_switches": {k: cs1[k] - cs0[k] for k in cs0}, "cpu_ticks": {k: st1[k] - st0[k] for k in st0},
         })
     place("free", every, pair)
@@ -211,10 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12, help="timed steps per block")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
+    ap.add_argument("--sidecar", action="store_true", help="sample the pace from a second process meanwhile")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--pace-log", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.pace_log:
+        sidecar(Path(args.pace_log))
     if args.one:
         apply_safe_env()
         probe = next(c for c in CONFIGS if c.name == args.one)
@@ -236,18 +255,28 @@ def main(argv: list[str] | None = None) -> int:
                    "--blocks", blocks, "--steps", str(args.steps), "--warmup", str(args.warmup)]
             env = child_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                              "LOCAL_RANK": "0"})
+            pace_log = out / f"{probe.name}.{trial}.pace"
+            side = subprocess.Popen([sys.executable, "-m", "measure.probes.host_pace", "--out", str(out),
+                                     "--pace-log", str(pace_log)]) if args.sidecar else None
             with open(out / f"{probe.name}.{trial}.log", "w") as log:
                 try:
                     rc: object = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                 timeout=args.timeout).returncode
                 except subprocess.TimeoutExpired:
                     rc = "timeout"
+            if side is not None:
+                side.kill()
+                side.wait()
             one = out / f"{probe.name}.one.json"
             if one.exists():
                 result = json.loads(one.read_text())
                 one.unlink()
                 result["trial"] = trial
+                if side is not None:
+                    result["sidecar"] = [[int(a), float(b)] for a, b in
+                                         (line.split() for line in pace_log.read_text().splitlines() if " " in line)]
                 results.append(result)
+            pace_log.unlink(missing_ok=True)
             print(f"{probe.name} trial {trial}: rc {rc} in {time.monotonic() - start:.0f} s", flush=True)
             # Written after every process: a call cut short keeps the trials it finished.
             (out / "host-pace.json").write_text(json.dumps({"results": results, "host_cpu": host_cpu()}))
