@@ -100,6 +100,21 @@ def sidecar_table(results: list[dict]) -> list[str]:
     return lines
 
 
+def sidecar_cost(results: list[dict]) -> list[str]:
+    """Block medians of the processes that ran beside the second process against those that did not (the
+    same machine, trials alternating): what sampling costs the step it samples."""
+    lines = [f"{'configuration':14s} {'blocks without / with':>22s} {'median of block medians, ms':>30s}"]
+    for name in sorted({r["name"] for r in results}):
+        without = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and not r.get("sidecar")
+                   for b in r["blocks"]]
+        with_ = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and r.get("sidecar")
+                 for b in r["blocks"]]
+        if without and with_:
+            lines.append(f"{name:14s} {len(without):10d} / {len(with_):<9d} {statistics.median(without):14.1f} / "
+                         f"{statistics.median(with_):.1f}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     dirs = [Path(a) for a in argv] or sorted(ROOT.glob("traces/*/_probes/host-pace-*"))
     for d in dirs:
@@ -112,6 +127,8 @@ def main(argv: list[str]) -> int:
                 print("\n".join(per_step_table(results)))
             if any(r.get("sidecar") for r in results):
                 print("\n".join(sidecar_table(results)))
+                if not all(r.get("sidecar") for r in results):
+                    print("\n".join(sidecar_cost(results)))
     return 0
 
 

@@ -68,3 +68,5 @@ def test_committed_results_read_and_tabulate():
                 assert len(bench.per_step_table(results)) == 1 + len({r["name"] for r in results})
             if any(r.get("sidecar") for r in results):
                 assert len(bench.sidecar_table(results)) == 1 + len({r["name"] for r in results if r.get("sidecar")})
+                assert len(bench.sidecar_cost(results)) == 1 + len({r["name"] for r in results if r.get("sidecar")} &
+                                                                    {r["name"] for r in results if not r.get("sidecar")})

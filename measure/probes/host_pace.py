@@ -227,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
     ap.add_argument("--sidecar", action="store_true", help="sample the pace from a second process meanwhile")
+    ap.add_argument("--sidecar-every", type=int, default=1, help="with --sidecar: in every Nth trial only (the "
+                    "others run without it, on the same machine, for its cost)")
+    ap.add_argument("--sidecar-gap", type=float, default=0.004, help="seconds the second process waits between samples")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--pace-log", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.pace_log:
-        sidecar(Path(args.pace_log))
+        sidecar(Path(args.pace_log), args.sidecar_gap)
     if args.one:
         apply_safe_env()
         probe = next(c for c in CONFIGS if c.name == args.one)
@@ -256,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             env = child_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                              "LOCAL_RANK": "0"})
             pace_log = out / f"{probe.name}.{trial}.pace"
+            with_side = args.sidecar and trial % args.sidecar_every == args.sidecar_every - 1
             side = subprocess.Popen([sys.executable, "-m", "measure.probes.host_pace", "--out", str(out),
-                                     "--pace-log", str(pace_log)]) if args.sidecar else None
+                                     "--pace-log", str(pace_log), "--sidecar-gap", str(args.sidecar_gap)]) \
+                if with_side else None
             with open(out / f"{probe.name}.{trial}.log", "w") as log:
                 try:
                     rc: object = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 one.unlink()
                 result["trial"] = trial
                 if side is not None:
+                    result["sidecar_gap_s"] = args.sidecar_gap
                     result["sidecar"] = [[int(a), float(b)] for a, b in
                                          (line.split() for line in pace_log.read_text().splitlines() if " " in line)]
                 results.append(result)
