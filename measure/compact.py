@@ -65,7 +65,7 @@ def same_table(a: pa.Table, b: pa.Table) -> bool:
         if not x.is_null().equals(y.is_null()):
             return False
         if pa.types.is_floating(x.type):
-            bits = pa.uint64() if x.type == pa.float64() else pa.uint32()
+            bits = {16: pa.uint16(), 32: pa.uint32(), 64: pa.uint64()}[x.type.bit_width]
             if not x.fill_null(0).view(bits).equals(y.fill_null(0).view(bits)):
                 return False
         elif not x.equals(y):

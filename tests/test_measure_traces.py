@@ -135,6 +135,25 @@ def test_compact_rewrites_a_bundles_tables_as_bundles_are_written_now(tmp_path: 
     assert bad.read_bytes() == b"PAR1 not really"
 
 
+def test_a_table_is_the_same_only_bit_for_bit():
+    """measure.compact keeps a rewritten table only if it is the same: NaNs equal themselves, nulls stay
+    nulls, and one changed value, or a changed pandas metadata, is a difference."""
+    import numpy as np
+    import pyarrow as pa
+
+    from measure.compact import same_table
+
+    def table(x: float, meta: bytes = b"{}") -> pa.Table:
+        t = pa.table({"t": pa.array([1.5, np.nan, None, x]), "h": pa.array(np.array([1, 2, 3, 4], dtype=np.float16)),
+                      "s": ["a", None, "c", "d"]})
+        return t.replace_schema_metadata({"pandas": meta})
+
+    assert same_table(table(2.0), table(2.0))
+    assert not same_table(table(2.0), table(2.0000001))
+    assert not same_table(table(2.0), table(2.0, b'{"x": 1}'))
+    assert not same_table(table(2.0), table(2.0).slice(0, 3))
+
+
 def read_et_bytes(data: bytes):
     from calib.chakra.codec import decode
 
