@@ -53,34 +53,33 @@ def placement_table(results: list[dict]) -> list[str]:
     return lines
 
 
-def per_step_table(results: list[dict]) -> list[str]:
-    lines = [f"{'configuration':14s} {'steps':>5s} {'step, ms':>14s} {'pace sample, ms':>16s} "
+def correlation_table(pairs: dict[str, list[tuple[np.ndarray, np.ndarray]]], pace: str) -> list[str]:
+    """Per configuration: its steps (ms) against the pace beside each (ms), block by block: the range of
+    each, the correlation per block (median and range) and pooled."""
+    lines = [f"{'configuration':14s} {'steps':>5s} {'step, ms':>14s} {pace:>19s} "
              f"{'r per block (median, range)':>28s} {'r pooled':>8s}"]
-    by_name: dict[str, list[dict]] = {}
-    for r in results:
-        by_name.setdefault(r["name"], []).extend(b for b in r["blocks"] if b.get("pace_after_step_us"))
-    for name, bs in sorted(by_name.items()):
-        if not bs:
-            continue
-        rs, xs, ys = [], [], []
-        for b in bs:
-            step = np.array(b["step_s"][1:]) * 1e3
-            before = np.array(b["pace_after_step_us"][:-1]) / 1e3  # sampled just before each of those steps
-            rs.append(float(np.corrcoef(step, before)[0, 1]))
-            xs.append(before)
-            ys.append(step)
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        pooled = float(np.corrcoef(x, y)[0, 1])
-        lines.append(f"{name:14s} {len(y):5d} {y.min():6.0f} - {y.max():5.0f} {x.min():7.2f} - {x.max():5.2f} "
-                     f"{statistics.median(rs):+10.2f} ({min(rs):+.2f} to {max(rs):+.2f}) {pooled:+8.2f}")
+    for name, blocks_ in sorted(pairs.items()):
+        rs = [float(np.corrcoef(y, x)[0, 1]) for y, x in blocks_]
+        y, x = np.concatenate([p[0] for p in blocks_]), np.concatenate([p[1] for p in blocks_])
+        lines.append(f"{name:14s} {len(y):5d} {y.min():6.0f} - {y.max():5.0f} {x.min():8.2f} - {x.max():6.2f} "
+                     f"{statistics.median(rs):+10.2f} ({min(rs):+.2f} to {max(rs):+.2f}) {np.corrcoef(x, y)[0, 1]:+8.2f}")
     return lines
+
+
+def per_step_table(results: list[dict]) -> list[str]:
+    """Each step against the trainer's own pace sample taken just before it (after the step before)."""
+    pairs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for r in results:
+        for b in r["blocks"]:
+            if b.get("pace_after_step_us"):
+                pairs.setdefault(r["name"], []).append(
+                    (np.array(b["step_s"][1:]) * 1e3, np.array(b["pace_after_step_us"][:-1]) / 1e3))
+    return correlation_table(pairs, "pace sample, ms")
 
 
 def sidecar_table(results: list[dict]) -> list[str]:
     """Each step against the mean of the second process's samples taken while it ran (same clock)."""
-    lines = [f"{'configuration':14s} {'steps':>5s} {'step, ms':>14s} {'sidecar sample, ms':>19s} "
-             f"{'r per block (median, range)':>28s} {'r pooled':>8s}"]
-    by_name: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    pairs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for r in results:
         if not r.get("sidecar"):
             continue
@@ -88,16 +87,11 @@ def sidecar_table(results: list[dict]) -> list[str]:
         at, took = samples[:, 0], samples[:, 1] / 1e3
         for b in r["blocks"]:
             step = np.array(b["step_s"])
-            during = np.array([took[(at >= t0) & (at < t0 + s * 1e9)].mean() if ((at >= t0) & (at < t0 + s * 1e9)).any()
-                               else np.nan for t0, s in zip(b["step_start_ns"], step, strict=True)])
+            inside = [(at >= t0) & (at < t0 + s * 1e9) for t0, s in zip(b["step_start_ns"], step, strict=True)]
+            during = np.array([took[m].mean() if m.any() else np.nan for m in inside])
             ok = ~np.isnan(during)
-            by_name.setdefault(r["name"], []).append((1e3 * step[ok], during[ok]))
-    for name, pairs in sorted(by_name.items()):
-        rs = [float(np.corrcoef(y, x)[0, 1]) for y, x in pairs]
-        y, x = np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
-        lines.append(f"{name:14s} {len(y):5d} {y.min():6.0f} - {y.max():5.0f} {x.min():8.2f} - {x.max():6.2f} "
-                     f"{statistics.median(rs):+10.2f} ({min(rs):+.2f} to {max(rs):+.2f}) {np.corrcoef(x, y)[0, 1]:+8.2f}")
-    return lines
+            pairs.setdefault(r["name"], []).append((1e3 * step[ok], during[ok]))
+    return correlation_table(pairs, "sidecar sample, ms")
 
 
 def sidecar_cost(results: list[dict]) -> list[str]:
