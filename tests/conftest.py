@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +18,18 @@ SAMPLES = SHARED / "samples"
 ASTRA_CASES = SHARED / "reference" / "astra-sim-cases"
 TRACES = ROOT / "traces"
 TEST_DATA = ROOT / "tests" / "data"
+
+
+def load_benchmark(script: str) -> ModuleType:
+    """benchmarks/<script>.py as a module (benchmarks/ is not a package), registered in sys.modules under
+    `<script>_bench`, where dataclasses defined in it look their module up."""
+    spec = importlib.util.spec_from_file_location(f"{script}_bench", ROOT / "benchmarks" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
 # The held-out cache of whoever runs the tests, read before any test points it elsewhere.
 USER_CACHE_DIR = os.environ.get(CACHE_ENV)
 

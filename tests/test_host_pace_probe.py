@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
 from measure.probes.host_pace import CONFIGS, context_switches, cpu_times, place, python_pace_us, summary
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_benchmark
 
 PROBE_ROUNDS = sorted((ROOT / "traces").glob("*/_probes/host-pace-*"))
-
-
-def _reader():
-    spec = importlib.util.spec_from_file_location("host_pace_bench", ROOT / "benchmarks" / "host_pace_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_probe_configurations_are_valid_one_gpu_runs():
@@ -51,7 +43,7 @@ def test_counters_only_grow_and_the_python_work_takes_time():
 def test_committed_results_read_and_tabulate():
     """Every committed block has its steps, Python pace and counters; the reader's tables and the probe's
     own summary cover every configuration and placement, and the second process's samples where it ran."""
-    bench = _reader()
+    bench = load_benchmark("host_pace_probe")
     for d in PROBE_ROUNDS:
         files = sorted(d.glob("*.json.xz"))
         assert files

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from measure.probes.host_phases import CONFIGS, Spans, device_busy, launches_per_span
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_benchmark
 
 PROBE_ROUNDS = sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
-
-
-def _reader():
-    spec = importlib.util.spec_from_file_location("host_phases_bench", ROOT / "benchmarks" / "host_phases.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
@@ -71,7 +62,7 @@ def test_probe_configurations_are_valid_runs():
 def test_committed_probe_results_decompose(round_dir):
     """Each span's exclusive host time adds up to the step span's (the decomposition loses nothing),
     every forward and backward made launches, and the host never finishes after the measured step."""
-    bench = _reader()
+    bench = load_benchmark("host_phases")
     files = sorted(round_dir.glob("*.json.[gx]z"))  # gzip as written, xz once compacted
     assert files
     for f in files:

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, load_benchmark
+
 BUNDLE = ROOT / "traces" / "h100" / "gpt175b-1gpu-L1"
-
-
-def _scorer():
-    spec = importlib.util.spec_from_file_location("predictions_bench", ROOT / "benchmarks" / "predictions.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
 
 
 def _tree(tmp_path: Path, predictions: dict, logs: dict[str, str]) -> Path:
@@ -44,7 +35,7 @@ def test_each_prediction_meets_its_run_its_out_of_memory_log_or_nothing(tmp_path
         "never": {"step_time_s": 1.0, "memory_verdict": "fits"},
         "calibration": "a string entry, not a prediction",
     }, {"too-big": "error: run failed: rank 0: out of memory: OutOfMemoryError: CUDA out of memory."})
-    bench = _scorer()
+    bench = load_benchmark("predictions")
     rows = {r.run: r for r in bench.outcomes(traces)}
     assert set(rows) == {"layer", "too-big", "never"}
     assert rows["layer"].error_pct == pytest.approx(10.0)
@@ -61,7 +52,7 @@ def test_a_prediction_is_not_matched_to_a_twin_on_another_gpu(tmp_path: Path) ->
     other = traces / "h200" / "_campaigns" / "x1-round99"
     other.mkdir(parents=True)
     (other / "predictions.json").write_text(json.dumps({"predictions": {"layer": {"step_time_s": 0.3}}}))
-    rows = _scorer().outcomes(traces)
+    rows = load_benchmark("predictions").outcomes(traces)
     by_gpu = {r.gpu: r for r in rows}
     assert by_gpu["h100"].measured_s is not None
     assert by_gpu["h200"].measured_s is None  # the H100 bundle is not the H200 run's

@@ -32,11 +32,7 @@ def test_case_agrees_with_astra_sim(case):
 
 def test_docs_table_is_current(astra_cases):
     """docs/simulator.md's per-case table is what benchmarks/sim_agreement.py computes now."""
-    import importlib.util
+    from tests.conftest import load_benchmark
 
-    from tests.conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("sim_agreement", ROOT / "benchmarks" / "sim_agreement.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("sim_agreement")
     assert mod.main([str(astra_cases), "--check"]) == 0, "run: python benchmarks/sim_agreement.py"
