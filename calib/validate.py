@@ -27,12 +27,14 @@ import numpy as np
 
 from calib.bundle.io import Bundle, bundle_sha256, load_bundles, read_bundle
 from calib.errors import CalibError
+from calib.models.common import MODEL_FREE_METHODS
 from calib.validation import engine
 from calib.validation.depth import depth_series, depth_summary
 from calib.validation.measured import (
     et_breakdown_s,
     is_real_gpu,
     measured_energy_per_step_j,
+    measured_host_work_s,
     measured_step,
     model_name,
     parallelism_type,
@@ -77,7 +79,7 @@ def _run_error(b: Bundle, kind: str, measured: object, predicted: float | None, 
         tp=spec.tp, pp=spec.pp, dp=spec.dp, ep=spec.ep, parallelism=parallelism_type(spec), kind=kind,
         measured_step_s=measured.time_s, measured_steps=measured.steps, predicted_step_s=predicted,
         error_pct=relative_error_pct(predicted, measured.time_s),
-        measured_spread=measured.spread, **kw,  # type: ignore[arg-type]
+        measured_spread=measured.spread, host_work_s=measured_host_work_s(b), **kw,  # type: ignore[arg-type]
     )
 
 
@@ -484,7 +486,7 @@ def _model_error_kind(method: str) -> str:
     """How a fit error was obtained, from its method's words: a comparison involving no fitted model
     (a harness against its repeat on another host, an estimate with no parameter) is neither
     cross-validated nor in-sample."""
-    if method.startswith(("no model", "no fitted parameter")):
+    if method.startswith(MODEL_FREE_METHODS):
         return MODEL_FREE
     return IN_SAMPLE if "in-sample" in method else "cross-validated"
 

@@ -27,6 +27,9 @@ class TrainRequest:
     device: str = "cuda"
     telemetry: bool = True
     telemetry_hz: float = 50.0
+    # A second process timing fixed Python work all along (measure/telemetry/host_pace.py); on the CPU
+    # path too, where there is no GPU telemetry.
+    host_pace: bool = True
     keep_raw: bool = False
     seed: int = 1234
     timeout_s: float = 1800.0

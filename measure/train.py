@@ -29,6 +29,7 @@ from calib.errors import CalibError
 from measure.env import child_env, host_cpu, host_name, software_versions, visible_gpus
 from measure.proctree import kill_tree
 from measure.request import TrainRequest
+from measure.telemetry.host_pace import PACE_GAP_S, PACE_ITERATIONS, HostPaceSampler
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,6 +138,8 @@ def measure_training(
 
     sampler = None
     backend = None
+    pace = None
+    env = child_env({"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
         if cuda:
             from measure.telemetry import Sampler, open_backend
@@ -153,7 +156,8 @@ def measure_training(
                 if hasattr(backend, "supported"):
                     manifest.notes["telemetry_fields"] = backend.supported(gpus[0])
                 sampler = Sampler(backend, gpus, req.telemetry_hz, req.t0_monotonic).start()
-        env = child_env({"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
+        if req.host_pace:
+            pace = HostPaceSampler(work / "host_pace.log", req.t0_monotonic, cwd=REPO_ROOT, env=env).start()
         if cuda:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
             # megatron-core wraps its fusions (bias-dropout-add, ...) in torch.compile; compiling
@@ -164,12 +168,14 @@ def measure_training(
         log = work / "log.txt"
         rc, wall = run_process(torchrun_argv(world, req.master_port, request_path), env, log, req.timeout_s)
     except BaseException:
-        if sampler is not None:
-            sampler.stop()
+        for running in (sampler, pace):
+            if running is not None:
+                running.stop()
         shutil.rmtree(writer.tmp, ignore_errors=True)
         raise
-    if sampler is not None:
-        sampler.stop()
+    for running in (sampler, pace):
+        if running is not None:
+            running.stop()
     manifest.notes["wall_s"] = round(wall, 3)
 
     ranks = {}
@@ -214,6 +220,8 @@ def measure_training(
             failure = sampler.failure()
     if backend is not None:
         backend.close()  # type: ignore[attr-defined]
+    if pace is not None:
+        _write_host_pace(writer, manifest, pace)
 
     if not failure and manifest.steps.profiled and convert:
         _convert_or_keep(work, writer.tmp, world, manifest, req.keep_raw, raw_gzip)
@@ -230,6 +238,19 @@ def measure_training(
         _keep_log_tail(log, writer.tmp)
     shutil.rmtree(work, ignore_errors=True)
     return writer.fail(failure) if failure else writer.finish()
+
+
+def _write_host_pace(writer: BundleWriter, manifest: Manifest, pace: HostPaceSampler) -> None:
+    """The host-pace table and its rate; a sampler that saw nothing is noted, not an error: the
+    steps are the measurement, the pace only explains them."""
+    df = pace.frame()
+    manifest.telemetry.host_pace_hz = round(pace.rate_hz(len(df)), 2)
+    manifest.notes["host_pace"] = {
+        "work": f"{PACE_ITERATIONS} iterations of measure.telemetry.host_pace.python_work_us, once per sample",
+        "gap_s": PACE_GAP_S, "samples": len(df),
+    }
+    if len(df):
+        writer.write_table("host_pace", df)
 
 
 def _convert_or_keep(work: Path, bundle_dir: Path, world: int, manifest: Manifest, keep: bool, gz: bool) -> None:

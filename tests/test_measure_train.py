@@ -55,6 +55,23 @@ def test_cpu_run_writes_a_complete_bundle(cpu_bundle: Path) -> None:
     assert not (cpu_bundle.with_name(cpu_bundle.name + ".partial")).exists()
 
 
+def test_cpu_run_samples_the_host_pace_across_its_steps(cpu_bundle: Path) -> None:
+    b = read_bundle(cpu_bundle)
+    pace, steps = b.table("host_pace"), b.table("steps")
+    assert list(pace.columns) == ["t_s", "work_s"] and (pace["work_s"] > 0).all()
+    # The sampler runs from before the launch to after it: its samples bracket every step, on the steps' clock.
+    assert pace["t_s"].min() < steps["start_s"].min()
+    assert pace["t_s"].max() > (steps["start_s"] + steps["time_s"]).max()
+    m = b.manifest
+    assert m.telemetry.host_pace_hz > 1 and m.notes["host_pace"]["samples"] == len(pace)
+
+
+def test_no_host_pace_leaves_the_table_out(tmp_path: Path) -> None:
+    out = measure_training(_req(29823, steps=1, profile_steps=0, host_pace=False), tmp_path / "nopace")
+    b = read_bundle(out)
+    assert not b.has("host_pace") and b.manifest.telemetry.host_pace_hz == 0 and "host_pace" not in b.manifest.notes
+
+
 def test_cpu_run_keeps_raw_traces_for_conversion(cpu_bundle: Path) -> None:
     raw = cpu_bundle / "raw"
     for r in (0, 1):

@@ -145,6 +145,28 @@ def test_repeated_configurations_are_reported_with_their_spread(tmp_path: Path) 
     assert "Repeated configurations" in paths["html"].read_text()
 
 
+def test_runs_sampled_for_their_host_pace_get_a_section(tmp_path: Path) -> None:
+    """Runs whose bundle carries the host's pace are listed with it beside their held-out and replay
+    errors, slower host last within a configuration; runs without it are left out, and with none sampled
+    there is no section."""
+    import dataclasses
+
+    slow = dataclasses.replace(_run("a", HELDOUT, 1.0, 1.1), host_work_s=2.4e-3)
+    fast = dataclasses.replace(_run("a2", HELDOUT, 0.8, 1.1), config="cfg-a", host_work_s=1.2e-3)
+    runs = [slow, fast, dataclasses.replace(_run("a", REPLAY, 1.0, 1.05), host_work_s=2.4e-3),
+            _run("b", HELDOUT, 2.0, 2.0)]
+    report = ValidationReport(runs=runs, models=[], summary=summarize(runs, real_bundles=3), calibration={})
+    paths = write_reports(report, tmp_path)
+    md = paths["md"].read_text()
+    section = md.split("## Host pace", 1)[1]
+    assert "| a2 | cfg-a | 800.00 | n/a | 1.20 | +37.50% | n/a |" in section
+    assert "| a | cfg-a | 1000.00 | n/a | 2.40 | +10.00% | +5.00% |" in section
+    assert section.index("| a2 |") < section.index("| a |") and "| b |" not in section
+    assert "Host pace" in paths["html"].read_text()
+    plain = ValidationReport(runs=runs[3:], models=[], summary=summarize(runs[3:], real_bundles=1), calibration={})
+    assert "## Host pace" not in write_reports(plain, tmp_path / "plain")["md"].read_text()
+
+
 def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path: Path) -> None:
     """Runs of one configuration at several layer counts make a series: the measured line, how far the
     steps stray from it, the held-out line and its per-layer error; a configuration measured at one

@@ -38,13 +38,9 @@ PARTIAL = ".partial"
 PARQUET_ZSTD_LEVEL = 19
 
 
-def parquet_table(df: pd.DataFrame) -> pa.Table:
-    return pa.Table.from_pandas(df, preserve_index=False)
-
-
 def write_parquet(table: pd.DataFrame | pa.Table, path: str | os.PathLike) -> None:
     """Write one bundle table as every bundle table is written (the one place that says how)."""
-    t = parquet_table(table) if isinstance(table, pd.DataFrame) else table
+    t = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
     floats = [f.name for f in t.schema if pa.types.is_floating(f.type)]
     pq.write_table(t, str(path), compression="zstd", compression_level=PARQUET_ZSTD_LEVEL,
                    use_dictionary=[n for n in t.column_names if n not in floats], use_byte_stream_split=floats)
@@ -239,6 +235,10 @@ def check_bundle(bundle: Bundle) -> list[str]:
             t = bundle.table(name)["time_s"]
             if t.isna().any() or (t < 0).any():
                 problems.append(f"{name}.parquet has NaN or negative time_s")
+    if bundle.has("host_pace"):
+        work = bundle.table("host_pace").get("work_s")
+        if work is not None and (work.isna().any() or (work <= 0).any()):
+            problems.append("host_pace.parquet has NaN or non-positive work_s")
     if bundle.has("telemetry"):
         df = bundle.table("telemetry")
         for col in TELEMETRY_REQUIRED:

@@ -6,6 +6,7 @@ A bundle is a folder:
     telemetry.parquet    TELEMETRY_COLUMNS    one row per GPU and sample
     kernels.parquet      KERNEL_COLUMNS (+ shape columns)
     collectives.parquet  COLLECTIVE_COLUMNS
+    host_pace.parquet    HOST_PACE_COLUMNS    one row per sample of the host's pace (training; optional)
     et/rank.N.et.xz (.et.gz in older bundles), et/comm_groups.json
 Which tables a bundle has depends on its kind (REQUIRED_TABLES).
 """
@@ -33,11 +34,15 @@ KERNEL_COLUMNS = ["rank", "step", "stream", "name", "op_class", "start_s", "time
 COLLECTIVE_COLUMNS = [
     "kind", "group_size", "bytes", "time_s", "wait_s", "transfer_s", "algbw_gbps", "busbw_gbps", "repeats",
 ]
+# The host's pace beside a training run (measure/telemetry/host_pace.py): when a sample started (t_s,
+# the steps' clock) and how long a fixed pure-Python workload took then (work_s): larger is slower.
+HOST_PACE_COLUMNS = ["t_s", "work_s"]
 TABLE_COLUMNS = {
     "steps": STEP_COLUMNS,
     "telemetry": TELEMETRY_COLUMNS,
     "kernels": KERNEL_COLUMNS,
     "collectives": COLLECTIVE_COLUMNS,
+    "host_pace": HOST_PACE_COLUMNS,
 }
 REQUIRED_TABLES = {
     "training": ("steps",),
@@ -114,6 +119,9 @@ class TelemetryInfo:
     rate_hz: float = 0.0
     overhead_fraction: float | None = None  # measured against a telemetry-off twin, when there is one
     backend: str = ""  # nvml | amdsmi | none
+    # Samples per second of the host's pace (host_pace.parquet); 0 = not sampled (bundles before the
+    # thirty-fourth session, --no-host-pace, --no-telemetry).
+    host_pace_hz: float = 0.0
 
 
 @dataclass

@@ -55,7 +55,8 @@ def train(
     distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer"),
     warmup: int = typer.Option(5, "--warmup"), steps: int = typer.Option(20, "--steps"),
     profile_steps: int = typer.Option(1, "--profile-steps"),
-    no_telemetry: bool = typer.Option(False, "--no-telemetry"),
+    no_telemetry: bool = typer.Option(False, "--no-telemetry", help="no GPU telemetry and no host-pace sampler"),
+    no_host_pace: bool = typer.Option(False, "--no-host-pace", help="no second process sampling the host's pace"),
     telemetry_hz: float = typer.Option(50.0, "--telemetry-hz"),
     telemetry_backend: str = typer.Option("auto", "--telemetry-backend", help="auto | nvml | amdsmi"),
     keep_raw: bool = typer.Option(False, "--keep-raw", help="keep the raw PyTorch/Kineto traces (gzipped) in raw/"),
@@ -84,6 +85,7 @@ def train(
     req = TrainRequest(
         model=name, par=par, warmup=warmup, steps=steps, profile_steps=profile_steps, device=device,
         telemetry=not no_telemetry and device == "cuda", telemetry_hz=telemetry_hz, keep_raw=keep_raw,
+        host_pace=not (no_telemetry or no_host_pace),
         master_port=master_port, timeout_s=timeout,
     )
     _summary(measure_training(req, out, overwrite=overwrite, telemetry_backend=telemetry_backend,

@@ -53,6 +53,23 @@ def measured_step(bundle: Bundle) -> MeasuredStep:
     return MeasuredStep(time_s=median, steps=len(per_step), spread=float((p90 - p10) / median))
 
 
+def measured_host_work_s(bundle: Bundle, min_samples: int = 3) -> float | None:
+    """Median seconds of the host-pace sampler's fixed work (host_pace.parquet) inside the window of
+    the measured, unprofiled steps: how fast the host was while the measured step time was taken
+    (larger is slower). None where the bundle has no such table or fewer than `min_samples` samples
+    fall in the window."""
+    if not bundle.has("host_pace") or not bundle.has("steps"):
+        return None
+    steps = bundle.table("steps")
+    rows = steps[~steps["profiled"].astype(bool)]
+    if rows.empty:
+        return None
+    lo, hi = steps_span_s(rows)
+    pace = bundle.table("host_pace")
+    work = pace.loc[(pace["t_s"] >= lo) & (pace["t_s"] <= hi), "work_s"].to_numpy(dtype=float)
+    return float(np.median(work)) if len(work) >= min_samples else None
+
+
 def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
     """The SM clock during the profiled step over the SM clock during the measured steps (per GPU the
     median telemetry sample of each window, then the median over GPUs); 1.0 where the telemetry

@@ -133,6 +133,7 @@ def markdown(report: ValidationReport) -> str:
             f"{_pct(r.error_pct, signed=True)} | {_cell(r.note)} |"
         )
     lines += _repeat_lines(report)
+    lines += _host_pace_lines(report)
     lines += _depth_lines(report)
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
     for m in report.models:
@@ -169,6 +170,28 @@ def _section(title: str, text: str, figures: str, head: tuple[str, ...], rows: l
         return []
     return ["", f"## {title}", "", text, figures, "", f"| {' | '.join(head)} |", "| --- " * len(head) + "|",
             *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows)]
+
+
+HOST_PACE_TEXT = ("Runs measured with the host-pace sampler beside them (`calib measure`, measure/telemetry/"
+                  "host_pace.py): a second process timing fixed pure-Python work all along. Host work = the "
+                  "median time of that work over the measured steps; larger is a slower host. A step that waits "
+                  "for the host moves with it; one paced by its GPU does not. No model uses it yet: it says "
+                  "which errors the host's pace on the day can explain.")
+HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "held-out error", "replay error")
+
+
+def _host_pace_rows(report: ValidationReport) -> list[tuple[str, ...]]:
+    """One row per run sampled for its host's pace, by configuration then host work."""
+    by_kind = {(r.run, r.kind): r.error_pct for r in report.runs}
+    sampled = [r for r in report.runs if r.kind == HELDOUT and r.host_work_s is not None]
+    return [(r.run, r.config, _ms(r.measured_step_s), _spread(r), f"{r.host_work_s * 1e3:.2f}",
+             _pct(by_kind.get((r.run, HELDOUT)), signed=True), _pct(by_kind.get((r.run, REPLAY)), signed=True))
+            for r in sorted(sampled, key=lambda r: (r.config, r.host_work_s or 0.0))]
+
+
+def _host_pace_lines(report: ValidationReport) -> list[str]:
+    rows = _host_pace_rows(report)
+    return _section("Host pace", HOST_PACE_TEXT, f"{len(rows)} runs sampled.", HOST_PACE_HEAD, rows)
 
 
 def _repeat_lines(report: ValidationReport) -> list[str]:
@@ -405,6 +428,8 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
     body.append("</table>")
     if rows := _repeat_rows(report):
         body += _html_section("Repeated configurations", REPEAT_TEXT, REPEAT_HEAD, rows)
+    if rows := _host_pace_rows(report):
+        body += _html_section("Host pace", HOST_PACE_TEXT, HOST_PACE_HEAD, rows)
     if rows := _depth_rows(report):
         body += _html_section("Scaled-down models (depth series)", DEPTH_TEXT, DEPTH_HEAD, rows)
     body.append("<h2>Per-model errors</h2><table><tr><th>model</th><th>kind</th><th>MAPE</th><th>max</th>"

@@ -55,6 +55,9 @@ class RunError:
     # (p90 - p10) / median of the measured steps: how far the measurement itself moves from step to
     # step (H200 MoE runs: 11-43 %; 24 of the 29 dense runs: under 2 %)
     measured_spread: float | None = None
+    # Median seconds of the host-pace sampler's fixed work over the measured steps (larger: a slower
+    # host; calib.validation.measured.measured_host_work_s); None where the run was not sampled.
+    host_work_s: float | None = None
 
     @property
     def abs_error_pct(self) -> float | None:

@@ -34,8 +34,10 @@ from typing import Any
 
 from measure.env import apply_safe_env, child_env, host_cpu
 from measure.probes.host_phases import Probe
+from measure.telemetry.host_pace import PACE_ITERATIONS, sample_forever
+from measure.telemetry.host_pace import python_work_us as python_pace_us
 
-PACE_SAMPLE = 4_000  # iterations of python_pace_us after each step (about 1 ms)
+PACE_SAMPLE = PACE_ITERATIONS  # iterations of python_pace_us after each step (about 1 ms)
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -97,41 +99,6 @@ def place(policy: str, every: set[int], pair: tuple[int, int]) -> None:
         cpus = every if policy == "free" else {pair[0]} if tid == main else {pair[1]}
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cpus)
-
-
-def python_pace_us(n: int = 20_000, tries: int = 3) -> float:
-    """Microseconds for a fixed pure-Python workload shaped like module-call glue (attribute lookups,
-    small dicts, calls); the best of `tries`, so a preemption inside one does not count."""
-
-    class Box:
-        def __init__(self, v: int) -> None:
-            self.v = v
-
-        def get(self) -> int:
-            return self.v
-
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter_ns()
-        acc = 0
-        for i in range(n):
-            b = Box(i)
-            d = {"a": b, "k": i & 7}
-            acc += d["a"].get() + d["k"]
-        best = min(best, (time.perf_counter_ns() - t) / 1e3)
-    return best
-
-
-def sidecar(log: Path, gap_s: float = 0.004) -> None:
-    """Sample the host's pace from another process until killed: one line per sample, its start
-    (perf_counter_ns: CLOCK_MONOTONIC, the same clock as the trainer's) and its microseconds. If the
-    CPUs slow down together, this sees the trainer's pace without sharing its thread or its GIL."""
-    with open(log, "w") as f:
-        while True:
-            t = time.perf_counter_ns()
-            f.write(f"{t} {python_pace_us(PACE_SAMPLE, tries=1):.1f}\n")
-            f.flush()
-            time.sleep(gap_s)
 
 
 def launch_pace_us(n: int = 400) -> float:
@@ -236,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.pace_log:
-        sidecar(Path(args.pace_log), args.sidecar_gap)
+        sample_forever(Path(args.pace_log), args.sidecar_gap, PACE_SAMPLE)
     if args.one:
         apply_safe_env()
         probe = next(c for c in CONFIGS if c.name == args.one)
