@@ -97,3 +97,23 @@ def test_command_line_no_cache(root: Path, tmp_path: Path) -> None:
     assert main([*args, "--out", str(tmp_path / "c")]) == 0
     notes = json.loads((tmp_path / "c" / "validation.json").read_text())["notes"]
     assert _reused(notes) and not _reused(json.loads((tmp_path / "b" / "validation.json").read_text())["notes"])
+
+
+def test_code_digest_covers_the_model_code_but_not_the_report_writer(monkeypatch, tmp_path) -> None:
+    pkg = tmp_path / "calib"
+    for rel in ("models/kernel.py", "validation/report.py", "commands/measure.py", "cli.py", "data/calibration-h200.yaml"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("x = 1\n")
+    monkeypatch.setattr(cache, "PACKAGE", pkg)
+
+    def digest() -> str:
+        cache.code_digest.cache_clear()
+        return cache.code_digest()
+
+    base = digest()
+    for rel in ("validation/report.py", "commands/measure.py", "cli.py", "data/calibration-h200.yaml"):
+        (pkg / rel).write_text("x = 2\n")
+        assert digest() == base, rel
+    (pkg / "models/kernel.py").write_text("x = 2\n")
+    assert digest() != base
+    cache.code_digest.cache_clear()

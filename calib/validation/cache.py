@@ -3,8 +3,8 @@
 A held-out entry refits every model without one configuration and rebuilds it: about half a minute
 per configuration on 2 cores, 25 minutes for the committed H200 runs. It is a pure function of the
 bundles (the left-out ones and the ones fitted on, by name and content hash, in order) and of the
-code that fits and simulates (every file of the calib package but the fitted calibration files, the
-cluster presets in simconfigs/, and the versions of Python and the numeric libraries). The key is a
+code that fits and simulates (every file of the calib package but the fitted calibration files and
+the modules that only present results: the report writer, the commands), the cluster presets in simconfigs/, and the versions of Python and the numeric libraries). The key is a
 hash of all of them, so any change to code, presets, libraries or bundles misses and recomputes;
 only entries whose fit and predictions all succeeded are kept, so a failure is always recomputed
 and reported afresh.
@@ -29,8 +29,9 @@ from calib.bundle.io import bundle_sha256
 CACHE_ENV = "CALIB_CACHE_DIR"
 PACKAGE = Path(__file__).resolve().parent.parent
 # Fitted on the bundles, not read by a held-out fit (it fits its own): `calib validate` rewrites
-# their `validation` section, which must not invalidate the cache it was computed from.
-NOT_INPUTS = ("calibration-*.yaml",)
+# their `validation` section, which must not invalidate the cache it was computed from. The report's
+# writer and the command line only present what a held-out fit returned.
+NOT_INPUTS = ("calibration-*.yaml", "validation/report.py", "commands/*.py", "cli.py")
 LIBRARIES = ("numpy", "pandas", "scikit-learn", "scipy", "pyarrow", "pyyaml")
 
 
