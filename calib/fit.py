@@ -24,7 +24,7 @@ from calib.bundle.io import Bundle, check_bundle
 from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.clock import ClockModel, clock_points
-from calib.models.common import ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
+from calib.models.common import NO_MODEL, ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
 from calib.models.kernel import (
     BYTES_NOT_TRAFFIC,
     OP_CLASSES,
@@ -708,7 +708,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         if not rep.empty:
             cal.errors["network.host_repeat"] = error_stat(
                 rep["again"].to_numpy(float), rep["first"].to_numpy(float),
-                "no model: a microbenchmark harness run again on another host against its first run, "
+                f"{NO_MODEL}: a microbenchmark harness run again on another host against its first run, "
                 f"sizes >= 1 MiB ({', '.join(sorted(set(rep['harness'])))}); the floor under `network` at those sizes")
         src = sorted(set(pd.concat([d for d in (micro, train) if not d.empty])["bundle"]))
         prov["network.series"] = f"calibrated: {len(nmodel.series)} series ({_short(list(nmodel.series), 6, 'series')}) from {_short(src)}"

@@ -14,6 +14,12 @@ import numpy as np
 
 from calib.errors import CalibError
 
+# How a method text starts when no fitted model enters the error (a harness against its own repeat, an
+# estimate with no parameter): `calib validate` labels those neither cross-validated nor in-sample.
+NO_MODEL = "no model"
+NO_FITTED_PARAMETER = "no fitted parameter"
+MODEL_FREE_METHODS = (NO_MODEL, NO_FITTED_PARAMETER)
+
 
 @dataclass(frozen=True)
 class ErrorStat:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calib.errors import CalibError
-from calib.models.common import ErrorStat, error_stat
+from calib.models.common import NO_FITTED_PARAMETER, ErrorStat, error_stat
 
 VERDICTS = ("fits", "tight", "out of memory")
 
@@ -144,7 +144,7 @@ def memory_errors(points: Sequence[MemoryPoint]) -> tuple[dict[str, ErrorStat], 
     held = {"runs": 0, "within": 0, "worst_excess_pct": 0.0}
     if pts:
         errors["memory"] = error_stat(np.array([p.estimate_bytes for p in pts]), np.array([p.allocated_bytes for p in pts]),
-                                      "no fitted parameter: estimate against the measured peak allocated, all runs")
+                                      f"{NO_FITTED_PARAMETER}: estimate against the measured peak allocated, all runs")
     pred, meas = [], []
     for p in pts:
         others = [q for q in pts if q.config != p.config]
