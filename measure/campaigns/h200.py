@@ -375,6 +375,14 @@ TRAININGS += [
     ("gpt175b-1gpu-L1-s1024", "gpt3-175b@L1,S1024", 1, 1, 1, 1, 1, 4, "none", []),
 ]
 
+# Round 27 (thirty-fourth session, one GPU): the three one-GPU host-paced configurations again, now with
+# the host-pace sampler beside them (measure/telemetry/host_pace.py), three times each in interleaved
+# order (a slow spell of the machine falls on all three), and one GPU-paced configuration as the control
+# whose step should not follow the host. Predicted before the call (_campaigns/x1-round27/predictions.json).
+ROUND27_BASE = ["gpt1.3b-1gpu-s256", "llama8b-1gpu-s256", "mixtral-1gpu-s256"]
+ROUND27 = [*repeats(ROUND27_BASE, "r27"), *repeats(["gpt1.3b-1gpu-mbs4"], "r27"), *repeats(ROUND27_BASE, "r27b"),
+           *repeats(ROUND27_BASE, "r27c")]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -468,6 +476,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND23 if not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND23B_H100 if not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND24_H100 if r not in ROUND19 + ROUND12]
+    jobs += [t(r) for r in ROUND27]
     return jobs
 
 
