@@ -82,3 +82,33 @@ def test_measured_host_work_is_the_median_over_the_measured_steps(tmp_path: Path
     write_parquet(pd.DataFrame({"t_s": t, "work_s": [9e-3, 1e-3, 2e-3, 4e-3, 9e-3]}), dst / "host_pace.parquet")
     assert measured_host_work_s(read_bundle(dst)) == pytest.approx(2e-3)
     assert measured_host_work_s(read_bundle(dst), min_samples=4) is None
+
+
+def test_the_sampler_ends_when_its_launcher_is_killed_outright(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    code = ("import os, sys, time; from pathlib import Path; "
+            "from measure.telemetry.host_pace import HostPaceSampler; "
+            f"s = HostPaceSampler(Path({str(tmp_path / 'p.log')!r}), time.monotonic(), gap_s=0.005, cwd=Path({str(root)!r})).start(); "
+            "print(s.pid, flush=True); time.sleep(0.5); os._exit(0)")  # no stop(): as if SIGKILLed
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        try:
+            with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for init to reap it has ended too
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the orphaned sampler kept running")

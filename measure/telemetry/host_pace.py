@@ -14,6 +14,7 @@ trainer as much as the CPU.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -52,10 +53,12 @@ def python_work_us(n: int = 20_000, tries: int = 3) -> float:
 
 
 def sample_forever(log: Path, gap_s: float = PACE_GAP_S, iterations: int = PACE_ITERATIONS) -> None:
-    """Write one line per sample until killed: its start (perf_counter_ns, CLOCK_MONOTONIC, the clock
-    the trainer stamps its steps with) and the microseconds the work took."""
+    """Write one line per sample until killed, or until the process that started it is gone (a
+    launcher killed outright must not leave a sampler running): its start (perf_counter_ns,
+    CLOCK_MONOTONIC, the clock the trainer stamps its steps with) and the microseconds the work took."""
+    parent = os.getppid()
     with open(log, "w") as f:
-        while True:
+        while os.getppid() == parent:
             t = time.perf_counter_ns()
             f.write(f"{t} {python_work_us(iterations, tries=1):.1f}\n")
             f.flush()
@@ -90,6 +93,10 @@ class HostPaceSampler:
         self.env = env
         self._proc: subprocess.Popen | None = None
         self._span = (0.0, 0.0)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     def start(self) -> HostPaceSampler:
         argv = [sys.executable, "-m", "measure.telemetry.host_pace", str(self.log), str(self.gap_s)]
