@@ -167,6 +167,25 @@ def test_runs_sampled_for_their_host_pace_get_a_section(tmp_path: Path) -> None:
     assert "## Host pace" not in write_reports(plain, tmp_path / "plain")["md"].read_text()
 
 
+def test_bias_by_parallelism_takes_the_signed_mean_of_the_steady_runs(tmp_path: Path) -> None:
+    """Steady runs (step spread under 5 %) give each parallelism type's signed mean error and how many are
+    predicted short; unsteady runs only their mean absolute error beside it."""
+    import dataclasses
+
+    def run(name: str, kind: str, measured: float, predicted: float, par: str, spread: float) -> RunError:
+        return dataclasses.replace(_run(name, kind, measured, predicted, par), measured_spread=spread)
+
+    runs = [run("t1", HELDOUT, 1.0, 0.96, "TP", 0.01), run("t2", HELDOUT, 1.0, 0.98, "TP", 0.02),
+            run("t1", REPLAY, 1.0, 0.99, "TP", 0.01), run("t2", REPLAY, 1.0, 0.97, "TP", 0.02),
+            run("t3", HELDOUT, 1.0, 1.30, "TP", 0.30), run("s1", HELDOUT, 1.0, 1.01, "single", 0.01)]
+    report = ValidationReport(runs=runs, models=[], summary=summarize(runs, real_bundles=4), calibration={})
+    md = write_reports(report, tmp_path)["md"].read_text()
+    section = md.split("## Bias by parallelism", 1)[1]
+    assert "3 steady and 1 unsteady runs held out." in section
+    assert "| TP | 2 | -3.00% | 2 of 2 | -2.00% | 1 | 30.00% |" in section
+    assert "| single | 1 | +1.00% | 0 of 1 | n/a | 0 | n/a |" in section
+
+
 def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path: Path) -> None:
     """Runs of one configuration at several layer counts make a series: the measured line, how far the
     steps stray from it, the held-out line and its per-layer error; a configuration measured at one

@@ -134,6 +134,7 @@ def markdown(report: ValidationReport) -> str:
         )
     lines += _repeat_lines(report)
     lines += _host_pace_lines(report)
+    lines += _bias_lines(report)
     lines += _depth_lines(report)
     lines += ["", "## Per-model errors", "", "| model | kind | MAPE | max | points | how |", "| --- | --- | --- | --- | --- | --- |"]
     for m in report.models:
@@ -192,6 +193,47 @@ def _host_pace_rows(report: ValidationReport) -> list[tuple[str, ...]]:
 def _host_pace_lines(report: ValidationReport) -> list[str]:
     rows = _host_pace_rows(report)
     return _section("Host pace", HOST_PACE_TEXT, f"{len(rows)} runs sampled.", HOST_PACE_HEAD, rows)
+
+
+# A run whose steps spread less than this (p90 - p10 over the median) is paced steadily, by its GPU: its error
+# is the model's, where an unsteady run's is mostly its host's pace on the day.
+STEADY_SPREAD = 0.05
+BIAS_TEXT = (f"Signed mean error by parallelism type over the steady runs (measured steps spreading under "
+             f"{STEADY_SPREAD:.0%}), whose error is the model's rather than the host's pace on the day: a sign "
+             "shared by most runs of a type is a bias of the model, not noise. The unsteady runs' mean absolute "
+             "error is beside it.")
+BIAS_HEAD = ("parallelism", "steady runs", "held-out, signed mean", "held-out, negative", "replay, signed mean",
+             "unsteady runs", "their held-out mean abs")
+
+
+def _bias_rows(report: ValidationReport) -> list[tuple[str, ...]]:
+    """One row per parallelism type: the steady runs' signed mean held-out and replay errors, how many of
+    them are predicted short, and the unsteady runs' held-out mean absolute error."""
+
+    def errors(kind: str, steady: bool, par: str) -> list[float]:
+        return [r.error_pct for r in report.runs if r.kind == kind and r.parallelism == par
+                and r.error_pct is not None and r.measured_spread is not None
+                and (r.measured_spread < STEADY_SPREAD) == steady]
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    rows = []
+    for par in sorted({r.parallelism for r in report.runs if r.kind == HELDOUT}):
+        held, unsteady = errors(HELDOUT, True, par), errors(HELDOUT, False, par)
+        if not held and not unsteady:
+            continue
+        rows.append((par, str(len(held)), _pct(mean(held), signed=True), f"{sum(e < 0 for e in held)} of {len(held)}",
+                     _pct(mean(errors(REPLAY, True, par)), signed=True), str(len(unsteady)),
+                     _pct(mean([abs(e) for e in unsteady]))))
+    return rows
+
+
+def _bias_lines(report: ValidationReport) -> list[str]:
+    rows = _bias_rows(report)
+    steady, unsteady = sum(int(r[1]) for r in rows), sum(int(r[5]) for r in rows)
+    return _section("Bias by parallelism", BIAS_TEXT, f"{steady} steady and {unsteady} unsteady runs held out.",
+                    BIAS_HEAD, rows)
 
 
 def _repeat_lines(report: ValidationReport) -> list[str]:
@@ -428,6 +470,8 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
     body.append("</table>")
     if rows := _repeat_rows(report):
         body += _html_section("Repeated configurations", REPEAT_TEXT, REPEAT_HEAD, rows)
+    if rows := _bias_rows(report):
+        body += _html_section("Bias by parallelism", BIAS_TEXT, BIAS_HEAD, rows)
     if rows := _host_pace_rows(report):
         body += _html_section("Host pace", HOST_PACE_TEXT, HOST_PACE_HEAD, rows)
     if rows := _depth_rows(report):
