@@ -1,6 +1,7 @@
-"""What tensor-parallel runs' step-time errors say: a cost per blocking TP collective the simulator lacks.
+"""What tensor-parallel runs' step-time errors say: step time the simulator lacks at TP rendezvous.
 
     python benchmarks/tp_rendezvous.py [reports/validation.json:traces/h200 reports/h100/validation.json:traces/h100]
+    python benchmarks/tp_rendezvous.py --probe [traces/h100/_probes/tp-rendezvous-1]
 
 Reads a `calib validate` report and the bundles it validated. Per run with TP > 1: the blocking collectives
 of its tensor-parallel group in one step (rank 0's all-reduce / all-gather / reduce-scatter rows of group
@@ -23,6 +24,12 @@ import pandas as pd
 from calib.bundle.io import read_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "traces" / "h100" / "_probes" / "tp-rendezvous-1"
+# The committed bundle of each probed configuration on the same GPU model, for its profiled step's
+# NCCL transfer time at the same message size.
+PROBE_BUNDLES = {"llama8b-tp2": ROOT / "traces" / "h100" / "llama8b-tp2-r21",
+                 "gpt13b-tp2": ROOT / "traces" / "h100" / "gpt13b-tp2-r21"}
+HEAD_CALLS = 9  # the first micro-batch's forward: the embedding's all-reduce and two per layer of four
 DEFAULT = [f"{ROOT}/reports/validation.json:{ROOT}/traces/h200", f"{ROOT}/reports/h100/validation.json:{ROOT}/traces/h100"]
 BLOCKING = ("allreduce", "allgather", "reducescatter", "all_reduce", "all_gather", "reduce_scatter")
 
@@ -77,7 +84,50 @@ def summary(df: pd.DataFrame) -> dict[str, float]:
             "tp_mape": float(err[tp].mean()), "tp_mape_with": float(new[tp].mean())}
 
 
+def load_probe(path: Path) -> dict:
+    from calib.compressed import decompress
+
+    return json.loads(decompress(path.read_bytes(), str(path)))
+
+
+def transfer_us(bundle: Path, size: int) -> float:
+    """Median transfer time (us) of rank 0's collectives of `size` bytes in the bundle's profiled step."""
+    c = read_bundle(bundle).table("collectives")
+    rows = c[(c["rank"] == 0) & (c["bytes"] == size)]
+    return float(1e6 * rows["transfer_s"].median())
+
+
+def probe_rows(folder: Path = PROBE) -> list[dict]:
+    """Per configuration and rank of measure/probes/tp_rendezvous.py: the plain step, and for the largest
+    all-reduce (the layers' activations) the compute stream's wait per call in the step's first
+    `HEAD_CALLS` calls and in the rest, against the profiled step's transfer of that size, and what the
+    calls cost the step beyond their transfer."""
+    out = []
+    for path in sorted(folder.glob("*.rank*.json.xz")):
+        d = load_probe(path)
+        size = max(int(b) for s in d["calls_bytes_us"] for b, _ in s if int(b) < 2**31)
+        per_step = [np.array([us for b, us in s if int(b) == size]) for s in d["calls_bytes_us"]]
+        head = np.concatenate([s[:HEAD_CALLS] for s in per_step])
+        rest = np.concatenate([s[HEAD_CALLS:] for s in per_step])
+        transfer = transfer_us(PROBE_BUNDLES[d["name"]], size)
+        beyond_ms = float(np.mean([(s - transfer).sum() for s in per_step]) / 1e3)
+        head_ms = float(np.mean([(s[:HEAD_CALLS] - transfer).sum() for s in per_step]) / 1e3)
+        out.append({"name": d["name"], "rank": d["rank"], "plain_ms": float(1e3 * np.median(d["plain_step_s"])),
+                    "events_ms": float(1e3 * np.median(d["events_step_s"])), "bytes": size,
+                    "calls": len(per_step[0]), "transfer_us": transfer, "head_us": float(np.median(head)),
+                    "rest_us": float(np.median(rest)), "beyond_ms": beyond_ms, "head_share": head_ms / beyond_ms})
+    return out
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--probe"]:
+        print(f"{'config':12s} {'rank':>4s} {'step ms':>8s} {'+events':>8s} {'MiB':>4s} {'calls':>5s} "
+              f"{'transfer us':>11s} {'first 9 us':>10s} {'rest us':>8s} {'beyond ms':>9s} {'in first 9':>10s}")
+        for r in probe_rows(Path(argv[1]) if len(argv) > 1 else PROBE):
+            print(f"{r['name']:12s} {r['rank']:4d} {r['plain_ms']:8.1f} {r['events_ms']:8.1f} {r['bytes'] / 2**20:4.0f} "
+                  f"{r['calls']:5d} {r['transfer_us']:11.1f} {r['head_us']:10.1f} {r['rest_us']:8.1f} "
+                  f"{r['beyond_ms']:9.2f} {r['head_share']:10.0%}")
+        return 0
     for pair in argv or DEFAULT:
         report, traces = (Path(p) for p in pair.split(":"))
         for kind in ("replay", "heldout"):

@@ -45,3 +45,21 @@ def test_the_constant_comes_from_other_configurations_only(bench, tmp_path) -> N
     assert new[3] == 0.478
     s = bench.summary(df)
     assert s["tp_runs"] == 3 and s["mape_with"] < s["mape"]
+
+
+def test_probe_rows_read_the_committed_probe(bench) -> None:
+    rows = {(r["name"], r["rank"]): r for r in bench.probe_rows()}
+    assert set(rows) == {("llama8b-tp2", 0), ("llama8b-tp2", 1), ("gpt13b-tp2", 0), ("gpt13b-tp2", 1)}
+    for r in rows.values():
+        assert r["calls"] == 72 and r["bytes"] in (16 * 2**20, 20 * 2**20)
+        # Past the first micro-batch's forward, a call costs its transfer and a little more, never less.
+        assert r["transfer_us"] < r["rest_us"] < r["transfer_us"] + 30
+        assert r["beyond_ms"] > 0 and 0 < r["head_share"] <= 1
+    # Llama-3 8B's rank 0 waits at the step's first all-reduces for most of what the calls cost beyond transfer.
+    assert rows[("llama8b-tp2", 0)]["head_share"] > 0.8
+
+
+def test_probe_summary_prints_one_line_per_rank(bench, capsys) -> None:
+    assert bench.main(["--probe"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("llama8b", "gpt13b"))]
+    assert len(lines) == 4

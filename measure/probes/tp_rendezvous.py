@@ -1,0 +1,135 @@
+"""What a blocking tensor-parallel all-reduce costs the GPU in plain (unprofiled) training steps.
+
+    PYTHONPATH=.:/tmp/site python3 -m measure.probes.tp_rendezvous --out /tmp/tpr [--only NAME,...]
+
+The steady tensor-parallel runs are predicted 2-3 % short, about 60 us per blocking all-reduce of the TP
+group (docs/validate.md, thirty-fourth session; benchmarks/tp_rendezvous.py), and the profiled step's
+NCCL kernels take only their transfer time. This probe times each such all-reduce from the compute
+stream's side in plain steps: a CUDA event recorded on the current stream just before megatron-core's
+`torch.distributed.all_reduce` call and one just after it, so that the time between them is what the
+compute stream waited (the peer's arrival, NCCL's stream handshakes and the transfer). Asynchronous calls
+(`async_op=True`, the backward's overlapped input-gradient reduction) are not timed: their wait falls
+elsewhere. Per rank it keeps the plain steps' times, the steps' times with the events, and every timed
+call's size and microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from measure.env import apply_safe_env, child_env, host_cpu
+from measure.probes.host_phases import Probe
+
+CONFIGS: list[Probe] = [
+    Probe("llama8b-tp2", "llama3-8b@L4,S2048", 1, 8, tp=2),
+    Probe("gpt13b-tp2", "gpt3-13b@L4", 1, 8, tp=2),
+]
+
+
+def run_one(probe: Probe, warmup: int, steps: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from measure.mcore import build_parts
+    from measure.request import TrainRequest
+
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    req = TrainRequest(model=probe.model, par=probe.par())
+    training = build_parts(req, req.check(dist.get_world_size()))
+    step = training.parts.step
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+
+    def timed(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter_ns()
+            step()
+            torch.cuda.synchronize()
+            out.append((time.perf_counter_ns() - t) / 1e9)
+        return out
+
+    plain = timed(steps)
+    calls: list[tuple[int, Any, Any]] = []
+    original = dist.all_reduce
+
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("async_op") or (len(args) >= 3 and args[2]):
+            return original(tensor, *args, **kwargs)
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        out = original(tensor, *args, **kwargs)
+        after.record()
+        calls.append((tensor.numel() * tensor.element_size(), before, after))
+        return out
+
+    dist.all_reduce = all_reduce  # megatron-core looks it up as torch.distributed.all_reduce at each call
+    try:
+        per_step: list[list[list[float]]] = []
+        with_events = []
+        for _ in range(steps):
+            calls.clear()
+            with_events += timed(1)
+            per_step.append([[float(b), 1e3 * s.elapsed_time(e)] for b, s, e in calls])
+    finally:
+        dist.all_reduce = original
+    return {"name": probe.name, "model": probe.model, "par": probe.par().to_dict(), "rank": rank,
+            "microbatches": training.info["microbatches"], "gpu": torch.cuda.get_device_name(local),
+            "host_cpu": host_cpu(), "plain_step_s": plain, "events_step_s": with_events,
+            "calls_bytes_us": per_step}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        apply_safe_env()
+        probe = next(c for c in CONFIGS if c.name == args.one)
+        result = run_one(probe, args.warmup, args.steps)
+        (out / f"{probe.name}.rank{result['rank']}.json").write_text(json.dumps(result))
+        sys.stdout.flush()
+        os._exit(0)
+    wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
+    for port, probe in enumerate(wanted, start=29571):
+        start = time.monotonic()
+        world = probe.par().gpus
+        argv_one = [sys.executable, "-m", "measure.probes.tp_rendezvous", "--out", str(out), "--one", probe.name,
+                    "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        with open(out / f"{probe.name}.log", "w") as log:
+            procs = [subprocess.Popen(argv_one, stdout=log, stderr=subprocess.STDOUT, env=child_env({
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r)})) for r in range(world)]
+            rcs: list[object] = []
+            for proc in procs:
+                try:
+                    rcs.append(proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start))))
+                except subprocess.TimeoutExpired:
+                    rcs.append("timeout")
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
