@@ -34,6 +34,7 @@ from typing import Any
 
 from measure.env import apply_safe_env, child_env, host_cpu
 from measure.probes.host_phases import Probe
+from measure.probes.ranks import build_rank
 from measure.telemetry.host_pace import PACE_ITERATIONS, sample_forever
 from measure.telemetry.host_pace import python_work_us as python_pace_us
 
@@ -120,15 +121,8 @@ def launch_pace_us(n: int = 400) -> float:
 
 def run_one(probe: Probe, blocks: list[str], steps: int, warmup: int) -> dict[str, Any]:
     import torch
-    import torch.distributed as dist
 
-    from measure.mcore import build_parts
-    from measure.request import TrainRequest
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
-    req = TrainRequest(model=probe.model, par=probe.par())
-    training = build_parts(req, req.check(dist.get_world_size()))
+    training = build_rank(probe.model, probe.par())
     step = training.parts.step
     for _ in range(warmup):
         step()

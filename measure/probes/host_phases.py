@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from calib.workload.parallel import ParallelConfig
-from measure.env import apply_safe_env, child_env, host_cpu
+from measure.env import apply_safe_env, host_cpu
+from measure.probes.ranks import build_rank, launch_ranks
 
 
 @dataclass(frozen=True)
@@ -201,15 +201,8 @@ def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from measure.mcore import build_parts
-    from measure.request import TrainRequest
-
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    req = TrainRequest(model=probe.model, par=probe.par())
-    spec = req.check(dist.get_world_size())
-    training = build_parts(req, spec)
+    training = build_rank(probe.model, probe.par())
     spans = Spans()
     step = instrument(training, spans)
     for _ in range(args.warmup):
@@ -315,22 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
     for port, probe in enumerate(wanted, start=29531):
         start = time.monotonic()
-        world = probe.par().gpus
-        argv_one = [sys.executable, "-m", "measure.probes.host_phases", "--out", str(out), "--one", probe.name,
-                    "--warmup", str(args.warmup), "--steps", str(args.steps)]
-        with open(out / f"{probe.name}.log", "w") as log:
-            procs = [subprocess.Popen(argv_one, stdout=log, stderr=subprocess.STDOUT, env=child_env({
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(r)})) for r in range(world)]
-            rcs = []
-            for proc in procs:
-                try:
-                    rcs.append(proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start))))
-                except subprocess.TimeoutExpired:
-                    rcs.append("timeout")
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
+        rcs = launch_ranks("measure.probes.host_phases", ["--out", str(out), "--one", probe.name, "--warmup",
+                           str(args.warmup), "--steps", str(args.steps)], probe.par().gpus, port,
+                           out / f"{probe.name}.log", args.timeout)
         print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
     return 0
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from measure.env import apply_safe_env, child_env, host_cpu
+from measure.env import apply_safe_env, host_cpu
 from measure.probes.host_phases import Probe
+from measure.probes.ranks import build_rank, launch_ranks
 
 CONFIGS: list[Probe] = [
     Probe("llama8b-tp2", "llama3-8b@L4,S2048", 1, 8, tp=2),
@@ -37,14 +37,8 @@ def run_one(probe: Probe, warmup: int, steps: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from measure.mcore import build_parts
-    from measure.request import TrainRequest
-
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    req = TrainRequest(model=probe.model, par=probe.par())
-    training = build_parts(req, req.check(dist.get_world_size()))
+    training = build_rank(probe.model, probe.par())
     step = training.parts.step
     for _ in range(warmup):
         step()
@@ -111,22 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
     for port, probe in enumerate(wanted, start=29571):
         start = time.monotonic()
-        world = probe.par().gpus
-        argv_one = [sys.executable, "-m", "measure.probes.tp_rendezvous", "--out", str(out), "--one", probe.name,
-                    "--warmup", str(args.warmup), "--steps", str(args.steps)]
-        with open(out / f"{probe.name}.log", "w") as log:
-            procs = [subprocess.Popen(argv_one, stdout=log, stderr=subprocess.STDOUT, env=child_env({
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(r)})) for r in range(world)]
-            rcs: list[object] = []
-            for proc in procs:
-                try:
-                    rcs.append(proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start))))
-                except subprocess.TimeoutExpired:
-                    rcs.append("timeout")
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
+        rcs = launch_ranks("measure.probes.tp_rendezvous", ["--out", str(out), "--one", probe.name, "--warmup",
+                           str(args.warmup), "--steps", str(args.steps)], probe.par().gpus, port,
+                           out / f"{probe.name}.log", args.timeout)
         print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
     return 0
 
