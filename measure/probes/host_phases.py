@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from calib.workload.parallel import ParallelConfig
-from measure.env import apply_safe_env, host_cpu
-from measure.probes.ranks import build_rank, launch_ranks
+from measure.env import host_cpu
+from measure.probes.ranks import build_rank, probe_main
 
 
 @dataclass(frozen=True)
@@ -287,32 +287,8 @@ def device_busy(trace: dict) -> list[list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--one", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--timeout", type=float, default=240.0)
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.one:
-        apply_safe_env()
-        probe = next(c for c in CONFIGS if c.name == args.one)
-        result = run_one(probe, args)
-        if result is not None:
-            (out / f"{probe.name}.json").write_text(json.dumps(result))
-        sys.stdout.flush()
-        os._exit(0)
-    wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
-    for port, probe in enumerate(wanted, start=29531):
-        start = time.monotonic()
-        rcs = launch_ranks("measure.probes.host_phases", ["--out", str(out), "--one", probe.name, "--warmup",
-                           str(args.warmup), "--steps", str(args.steps)], probe.par().gpus, port,
-                           out / f"{probe.name}.log", args.timeout)
-        print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
-    return 0
+    return probe_main("measure.probes.host_phases", __doc__.splitlines()[0], CONFIGS, run_one,
+                      lambda probe, result: f"{probe.name}.json", 29531, argv)
 
 
 if __name__ == "__main__":

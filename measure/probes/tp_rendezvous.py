@@ -15,17 +15,14 @@ call's size and microseconds.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from measure.env import apply_safe_env, host_cpu
+from measure.env import host_cpu
 from measure.probes.host_phases import Probe
-from measure.probes.ranks import build_rank, launch_ranks
+from measure.probes.ranks import build_rank, probe_main
 
 CONFIGS: list[Probe] = [
     Probe("llama8b-tp2", "llama3-8b@L4,S2048", 1, 8, tp=2),
@@ -85,31 +82,9 @@ def run_one(probe: Probe, warmup: int, steps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--timeout", type=float, default=240.0)
-    ap.add_argument("--one", default="", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.one:
-        apply_safe_env()
-        probe = next(c for c in CONFIGS if c.name == args.one)
-        result = run_one(probe, args.warmup, args.steps)
-        (out / f"{probe.name}.rank{result['rank']}.json").write_text(json.dumps(result))
-        sys.stdout.flush()
-        os._exit(0)
-    wanted = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
-    for port, probe in enumerate(wanted, start=29571):
-        start = time.monotonic()
-        rcs = launch_ranks("measure.probes.tp_rendezvous", ["--out", str(out), "--one", probe.name, "--warmup",
-                           str(args.warmup), "--steps", str(args.steps)], probe.par().gpus, port,
-                           out / f"{probe.name}.log", args.timeout)
-        print(f"{probe.name}: rc {rcs} in {time.monotonic() - start:.0f} s", flush=True)
-    return 0
+    return probe_main("measure.probes.tp_rendezvous", __doc__.splitlines()[0], CONFIGS,
+                      lambda probe, args: run_one(probe, args.warmup, args.steps),
+                      lambda probe, result: f"{probe.name}.rank{result['rank']}.json", 29571, argv)
 
 
 if __name__ == "__main__":
