@@ -2,6 +2,7 @@
 
     python benchmarks/tp_rendezvous.py [reports/validation.json:traces/h200 reports/h100/validation.json:traces/h100]
     python benchmarks/tp_rendezvous.py --probe [traces/h100/_probes/tp-rendezvous-1]
+    python benchmarks/tp_rendezvous.py --hosts [traces/h100/_probes/tp-rendezvous-2]
 
 Reads a `calib validate` report and the bundles it validated. Per run with TP > 1: the blocking collectives
 of its tensor-parallel group in one step (rank 0's all-reduce / all-gather / reduce-scatter rows of group
@@ -28,6 +29,7 @@ PROBE = ROOT / "traces" / "h100" / "_probes" / "tp-rendezvous-1"
 # The committed bundle of each probed configuration on the same GPU model, for its profiled step's
 # NCCL transfer time at the same message size.
 PROBE_BUNDLES = {"llama8b-tp2": ROOT / "traces" / "h100" / "llama8b-tp2-r21",
+                 "llama8b-tp2-s256": ROOT / "traces" / "h100" / "llama8b-tp2-s256-r21",
                  "gpt13b-tp2": ROOT / "traces" / "h100" / "gpt13b-tp2-r21"}
 HEAD_CALLS = 9  # the first micro-batch's forward: the embedding's all-reduce and two per layer of four
 DEFAULT = [f"{ROOT}/reports/validation.json:{ROOT}/traces/h200", f"{ROOT}/reports/h100/validation.json:{ROOT}/traces/h100"]
@@ -90,6 +92,12 @@ def load_probe(path: Path) -> dict:
     return json.loads(decompress(path.read_bytes(), str(path)))
 
 
+def bundle_of(name: str) -> Path:
+    """The committed bundle whose profiled step times a probed configuration's transfer (the longest
+    PROBE_BUNDLES key the name starts with: llama8b-tp2-m16 -> llama8b-tp2)."""
+    return PROBE_BUNDLES[max((k for k in PROBE_BUNDLES if name.startswith(k)), key=len)]
+
+
 def transfer_us(bundle: Path, size: int) -> float:
     """Median transfer time (us) of rank 0's collectives of `size` bytes in the bundle's profiled step."""
     c = read_bundle(bundle).table("collectives")
@@ -109,7 +117,7 @@ def probe_rows(folder: Path = PROBE) -> list[dict]:
         per_step = [np.array([us for b, us in s if int(b) == size]) for s in d["calls_bytes_us"]]
         head = np.concatenate([s[:HEAD_CALLS] for s in per_step])
         rest = np.concatenate([s[HEAD_CALLS:] for s in per_step])
-        transfer = transfer_us(PROBE_BUNDLES[d["name"]], size)
+        transfer = transfer_us(bundle_of(d["name"]), size)
         beyond_ms = float(np.mean([(s - transfer).sum() for s in per_step]) / 1e3)
         head_ms = float(np.mean([(s[:HEAD_CALLS] - transfer).sum() for s in per_step]) / 1e3)
         out.append({"name": d["name"], "rank": d["rank"], "plain_ms": float(1e3 * np.median(d["plain_step_s"])),
@@ -119,7 +127,43 @@ def probe_rows(folder: Path = PROBE) -> list[dict]:
     return out
 
 
+def host_lag_rows(folder: Path) -> list[dict]:
+    """Per configuration of a probe run that kept its hosts' times (`calls_host_ns`, `step_start_ns`; the
+    second run on): when each rank's host reached the first micro-batch's last timed forward call
+    (`HEAD_CALLS`), from its own step start, and how far behind the other the later host was there
+    (medians over the steps). The ranks share one CLOCK_MONOTONIC, so the hosts line up."""
+    out = []
+    names = sorted({p.name.split(".rank")[0] for p in folder.glob("*.rank*.json.xz")})
+    for name in names:
+        ranks = [load_probe(folder / f"{name}.rank{k}.json.xz") for k in (0, 1)]
+        if any("calls_host_ns" not in r for r in ranks):
+            continue
+        reach = [[], []]
+        lag, start_skew, later_waits = [], [], []
+        for s in range(len(ranks[0]["step_start_ns"])):
+            at = [r["step_start_ns"][s] + r["calls_host_ns"][s][HEAD_CALLS - 1] for r in ranks]
+            for k in (0, 1):
+                reach[k].append((at[k] - ranks[k]["step_start_ns"][s]) / 1e3)
+            lag.append(abs(at[1] - at[0]) / 1e3)
+            start_skew.append(abs(ranks[1]["step_start_ns"][s] - ranks[0]["step_start_ns"][s]) / 1e3)
+            early = 0 if at[0] < at[1] else 1  # the rank whose host got there first waits on its GPU
+            later_waits.append(sum(us for _, us in ranks[early]["calls_bytes_us"][s][:HEAD_CALLS]) / 1e3)
+        out.append({"name": name, "steps": len(lag), "reach_us": [float(np.median(x)) for x in reach],
+                    "lag_us": float(np.median(lag)), "start_skew_us": float(np.median(start_skew)),
+                    "lag_share": float(np.median(np.array(lag) / np.maximum(reach[0], reach[1]))),
+                    "early_head_ms": float(np.median(later_waits))})
+    return out
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--hosts"]:
+        folder = Path(argv[1]) if len(argv) > 1 else PROBE.parent / "tp-rendezvous-2"
+        print(f"{'config':12s} {'steps':>5s} {'rank 0 to call 9 us':>19s} {'rank 1':>8s} {'start skew us':>13s} "
+              f"{'lag at call 9 us':>16s} {'lag share':>9s} {'first rank waits ms':>19s}")
+        for r in host_lag_rows(folder):
+            print(f"{r['name']:12s} {r['steps']:5d} {r['reach_us'][0]:19.0f} {r['reach_us'][1]:8.0f} "
+                  f"{r['start_skew_us']:13.0f} {r['lag_us']:16.0f} {r['lag_share']:9.1%} {r['early_head_ms']:19.2f}")
+        return 0
     if argv[:1] == ["--probe"]:
         print(f"{'config':12s} {'rank':>4s} {'step ms':>8s} {'+events':>8s} {'MiB':>4s} {'calls':>5s} "
               f"{'transfer us':>11s} {'first 9 us':>10s} {'rest us':>8s} {'beyond ms':>9s} {'in first 9':>10s}")

@@ -189,6 +189,15 @@ def project(
         calibrated.append(f"host: {host.launch_s * 1e6:.1f} us per kernel launch, {host.sync_s * 1e6:.0f} us per host "
                           f"sync, {host.p2p_sync * 1e6:.0f} us per pipeline send/recv sync (host model, code path "
                           f"TP {par.tp} / PP {par.pp} / EP {par.ep})")
+        if par.tp > 1 and host.tp_rendezvous_s:
+            calibrated.append(f"TP rendezvous: {host.tp_rendezvous_s * 1e6:.0f} us per blocking collective of the TP "
+                              "group (host model)")
+            most = fitted_host.tp_rendezvous_microbatches
+            if most is not None and par.num_microbatches > most:
+                notes.append(f"TP rendezvous fitted on steps of at most {most} micro-batches, this one has "
+                             f"{par.num_microbatches}: "
+                             "part of it stands for a race of the TP group's hosts once per step (docs/host.md, "
+                             "\"The TP rendezvous\"), which a per-collective cost over-counts here")
         if fitted_host.beyond_fitted(par.tp, par.pp, par.ep):
             notes.append(f"host costs of TP {par.tp} / PP {par.pp} / EP {par.ep} together are those of the longest code "
                          "path measured: how the launch pace grows beyond it is not measured")

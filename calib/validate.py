@@ -379,7 +379,8 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
             from calib.workload.host import add_host_to_replay
 
             result = simulate(add_host_to_replay(replay_workload(run), host.replay_launch_s, host.replay_sync,
-                                                 host.replay_p2p_sync),
+                                                 host.replay_p2p_sync, tp=spec.tp,
+                                                 rendezvous_s=host.replay_tp_rendezvous_s or 0.0),
                               network, system)
         else:
             result = simulate_replay(run, network, system)

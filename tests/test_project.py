@@ -283,3 +283,26 @@ def test_pipeline_waits_draw_communication_power() -> None:
     result = SimpleNamespace(exposed_ns=[{"tp": 1e8, "pp": 2e8}])
     shares = _activity_shares(gen, result, 0, 0, 1.0)  # type: ignore[arg-type]
     assert shares == pytest.approx({"compute": 0.3, "memory": 0.2, "comm": 0.3, "idle": 0.2})
+
+
+def test_tp_rendezvous_is_reported_and_its_micro_batch_range_noted(calibration) -> None:
+    import dataclasses
+
+    from calib.models.host import HostModel
+
+    model = resolve_model("gpt3-1.3b").scaled_down(2, 1024)
+    cluster = load_cluster("dgx-h200")
+    host = HostModel(1e-6, 1e-4, tp_rendezvous_s=80e-6, tp_rendezvous_microbatches=8)  # GPU-bound: nothing hides it
+    cal = dataclasses.replace(calibration, host=host.to_dict())
+    bare = dataclasses.replace(calibration, host=HostModel(1e-6, 1e-4).to_dict())
+
+    def run(c: Calibration, gbs: int, tp: int = 2):
+        return project(model, ParallelConfig(tp=tp, dp=1, micro_batch=1, global_batch=gbs), cluster, c)
+
+    eight, many, one_gpu = run(cal, 8), run(cal, 32), run(cal, 8, tp=1)
+    assert any("TP rendezvous: 80 us" in c for c in eight.calibrated)
+    assert not any("TP rendezvous" in n for n in eight.notes)
+    assert any("at most 8 micro-batches, this one has 32" in n for n in many.notes)
+    assert not any("TP rendezvous" in c for c in one_gpu.calibrated)
+    # It lengthens the TP step: every blocking TP collective waits 80 us more.
+    assert eight.step_time_s > run(bare, 8).step_time_s

@@ -65,6 +65,8 @@ ATTR_SLOTS: dict[str, str] = {
     "aten_op": "string_val",  # converted ETs: the aten op that launched this GPU activity
     "step": "int64_val",  # converted ETs: N of the profiler step (ProfilerStep#N) the node belongs to
     "coalesced_with": "int64_val",  # converted ETs: the node holding the coalesced NCCL kernel of this call
+    "tp_rendezvous": "bool_val",  # a blocking collective of the TP group (calib.workload.host)
+    "rendezvous_ns": "uint64_val",  # ... and what it keeps the compute stream beyond its transfer
 }
 
 

@@ -76,6 +76,13 @@ SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns
 # ratios (TP 1.11x, PP 1.02x, EP 1.09-1.43x); PP's weight taken down to match fitted the measured
 # steps worse, so these stand (docs/host.md, "Code-path ratios counted in full").
 PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
+# The TP rendezvous (calib.workload.host) is fitted last, on the runs with TP, from each run's step at
+# 0 and at this trial value: their difference over it is how much of a rendezvous the run's step shows
+# (the blocking collectives on its critical path; under host slack, none), and the step is taken as
+# linear in it, which the MAPE then has as a convex piecewise-linear function. The probe's steady
+# state is 10-17 us a call and the errors' first-order sizing 50-80 us (docs/host.md, "The TP rendezvous").
+RENDEZVOUS_TRIAL_S = 60e-6
+RENDEZVOUS_MAX_S = 1e-3
 
 
 def path_exponent(tp: int, pp: int, ep: int, weights: Mapping[str, float] = PATH_WEIGHTS) -> float:
@@ -101,6 +108,13 @@ class HostModel:
     pace_per_path: float | None = None
     replay_pace_per_path: float | None = None
     fitted_paths: list[float] = field(default_factory=list)  # path exponents of the fitted runs; the pace stops at the most
+    # What a blocking collective of the TP group keeps the compute stream beyond its transfer
+    # (calib.workload.host: the TP rendezvous); None: not fitted (0). Not scaled by the pace.
+    tp_rendezvous_s: float | None = None
+    replay_tp_rendezvous_s: float | None = None  # the same for replays (fit_replay_launch)
+    # The most micro-batches per step among the runs the rendezvous was fitted on: part of it stands for a
+    # once-per-step race (docs/host.md, "The TP rendezvous"), which steps of more micro-batches over-count.
+    tp_rendezvous_microbatches: int | None = None
 
     def pace(self, path: float, replay: bool = False) -> float:
         """The factor on every host cost of a run whose code path has exponent `path`, no further than
@@ -152,6 +166,9 @@ class HostModel:
             "pace_per_path": None if self.pace_per_path is None else float(self.pace_per_path),
             "replay_pace_per_path": None if self.replay_pace_per_path is None else float(self.replay_pace_per_path),
             "fitted_paths": [float(g) for g in self.fitted_paths],
+            "tp_rendezvous_s": None if self.tp_rendezvous_s is None else float(self.tp_rendezvous_s),
+            "replay_tp_rendezvous_s": None if self.replay_tp_rendezvous_s is None else float(self.replay_tp_rendezvous_s),
+            "tp_rendezvous_microbatches": self.tp_rendezvous_microbatches,
             "path_weights": dict(PATH_WEIGHTS),  # what the pace was fitted with (checked on reading)
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
@@ -190,8 +207,13 @@ class HostModel:
             # The weights are this calib's measured constants; a file fitted with others would be misread.
             raise CalibError(f"calibration host section: path_weights {weights} differ from this calib's "
                              f"{PATH_WEIGHTS}: refit with `calib fit`")
+        rendezvous, rrendezvous = (_optional_cost(data, k) for k in ("tp_rendezvous_s", "replay_tp_rendezvous_s"))
+        most = data.get("tp_rendezvous_microbatches")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+            raise CalibError(f"calibration host section: tp_rendezvous_microbatches {most!r} must be a positive integer")
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
-                   dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, paths)
+                   dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, paths, rendezvous, rrendezvous,
+                   most)
 
 
 def path_pace(per_path: float, path: float) -> float:
@@ -228,7 +250,8 @@ def _short(ids: Sequence[str], most: int = 4) -> str:
     return ", ".join(ids) if len(ids) <= most else f"{', '.join(ids[:most])} and {len(ids) - most} more bundles"
 
 
-StepOf = Callable[[float, float, float], float]  # (launch_s, sync_s, p2p_sync_s) -> simulated step seconds
+# (launch_s, sync_s, p2p_sync_s[, tp_rendezvous_s]) -> simulated step seconds
+StepOf = Callable[..., float]
 
 
 @dataclass
@@ -244,6 +267,8 @@ class _Run:
     path: float = 0.0  # the run's parallel code path (path_exponent)
     # The slowest measured step of this run's configuration (fit_runs sets it; 0: this run's own).
     bound_s: float = 0.0
+    tp: int = 1  # tensor-parallel degree: a run over 1 has TP rendezvous
+    microbatches: int = 1  # per step
 
     def cap(self, which: int) -> float:
         """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that the hosts of this
@@ -490,6 +515,24 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             ps = _PaceSearch(off, ref, (launch_s, sync_s, p2p_s))
             per_path = ps.fit()
     at_one = 1.0 / path_pace(per_path, ref)  # the costs of the one-GPU path, as the model keeps them
+    tps = [r for r in runs if r.tp > 1]
+    rendezvous, rdv_roots, held_rdv = 0.0, {}, {}
+    if tps:
+        base = np.array([r.step(launch_s * k(r), sync_s * k(r), p2p_s * k(r), 0.0) for r in tps])
+        trial = np.array([r.step(launch_s * k(r), sync_s * k(r), p2p_s * k(r), RENDEZVOUS_TRIAL_S) for r in tps])
+        slope = (trial - base) / RENDEZVOUS_TRIAL_S
+        tp_measured = np.array([r.measured_s for r in tps])
+        rendezvous = best_rendezvous(base, slope, tp_measured)
+        rdv_roots = {r.id: (float((m - b) / g) if g > 0 else None) for r, b, g, m in zip(tps, base, slope, tp_measured, strict=True)}
+        if cross_validate:
+            for key in {r.key for r in tps}:
+                keep = np.array([r.key != key for r in tps])
+                held_rdv[key] = best_rendezvous(base[keep], slope[keep], tp_measured[keep]) if keep.any() else 0.0
+
+    def at(r: _Run, launch: float, sync: float, p2p: float, rendezvous_s: float) -> float:
+        # A run without TP has no rendezvous (and its step function need not take one).
+        return r.step(launch, sync, p2p, rendezvous_s) if r.tp > 1 else r.step(launch, sync, p2p)
+
     keys = [r.key for r in runs]
     held_launch = lc.heldout(keys) if cross_validate else {}
     held_sync = sc.heldout([r.key for r in synced]) if sc and cross_validate else {}
@@ -508,7 +551,7 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             so = held_sync.get(j, 0.0) if j is not None else 0.0
             po = held_p2p.get(q, 0.0) if q is not None else 0.0
             ko = k(r, held_pace.get(r.key, per_path))
-            heldout = r.step(held_launch[i] * ko, so * ko, po * ko)
+            heldout = at(r, held_launch[i] * ko, so * ko, po * ko, held_rdv.get(r.key, rendezvous))
             held_pred.append(heldout)
             held_meas.append(r.measured_s)
         per_run.append({
@@ -516,18 +559,22 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             "id": r.id, "config": r.key, "measured_s": r.measured_s, "path": r.path, "launch_s": lc.roots[i] * k(r),
             "sync_s": sc.roots[j] * k(r) if sc is not None and j is not None else None, "syncs": r.syncs,
             "p2p_sync_s": pc.roots[q] * k(r) if pc is not None and q is not None else None, "p2p_syncs": r.p2p_syncs,
-            "heldout_step_s": heldout, "fitted_step_s": r.step(launch_s * k(r), sync_s * k(r), p2p_s * k(r)),
+            "tp_rendezvous_s": rdv_roots.get(r.id),
+            "heldout_step_s": heldout,
+            "fitted_step_s": at(r, launch_s * k(r), sync_s * k(r), p2p_s * k(r), rendezvous),
         })
     err = {} if not cross_validate else error_stat(
         np.array(held_pred), np.array(held_meas),
         "leave-one-configuration-out: each configuration's simulated step at the launch and sync costs (and the pace "
         "per unit of parallel code path) that minimise the mean absolute percent error over the other configurations' "
         "runs (kernel and network models as given; from the last round's simulations, each cost at the others' values "
-        "when it was fitted)").to_dict()
+        "when it was fitted; the TP rendezvous from the other configurations' TP runs)").to_dict()
     src = _short([r.id for r in runs])
     model = HostModel(launch_s * at_one, sync_s * at_one, None, dict(SYNC_AFTER), per_run,
                       p2p_sync_s=p2p_s * at_one if piped else None,
                       pace_per_path=per_path if off else None, fitted_paths=paths,
+                      tp_rendezvous_s=rendezvous if tps else None,
+                      tp_rendezvous_microbatches=max(r.microbatches for r in tps) if tps else None,
                       provenance={
         "host.launch_s": "calibrated: the cost per launch minimising the mean absolute percent error of the "
                          f"simulated against the measured step over {src}" + (" (on the one-GPU path)" if off else ""),
@@ -543,9 +590,26 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             "measure/probes/host_phases.py; DP 0), minimising the same error over runs on paths "
             f"{', '.join(f'{g:g}' for g in paths)}; not extrapolated beyond {max(paths):g}" if off else
             f"not calibrated: every training bundle took code path {paths[0]:g} (no pace: costs as fitted)"),
+        "host.tp_rendezvous_s": (
+            "calibrated: the time a blocking collective of the TP group keeps the compute stream beyond its transfer, "
+            "minimising the same error over the runs with TP at the costs above "
+            f"({_short([r.id for r in tps])}; each run's step linear in it between 0 and "
+            f"{RENDEZVOUS_TRIAL_S * 1e6:g} us)" if tps else "not calibrated: no training bundle with TP (0)"),
         "host.sync_points": "configured: megatron-core host synchronisations (calib.workload.host.SYNC_AFTER)",
     })
     return model, err
+
+
+def best_rendezvous(base: np.ndarray, slope: np.ndarray, measured: np.ndarray) -> float:
+    """The rendezvous r in [0, RENDEZVOUS_MAX_S] minimising the mean of |base + slope r - measured| / measured
+    (seconds, one entry per run). The mean is convex and piecewise linear in r, so its minimum lies at 0 or
+    at a run's own root; the smallest such r on a tie."""
+    if len(base) == 0:
+        return 0.0
+    roots = [(m - b) / g for b, g, m in zip(base, slope, measured, strict=True) if g > 0]
+    candidates = sorted({0.0, *(min(max(float(x), 0.0), RENDEZVOUS_MAX_S) for x in roots)})
+    errs = [float(np.mean(np.abs(base + slope * c - measured) / measured)) for c in candidates]
+    return candidates[int(np.argmin(errs))]
 
 
 class _PaceSearch:
@@ -629,7 +693,7 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
         raise CalibError(f"bundle {bundle.path}: a training bundle without a spec cannot fit the host model")
     model, par = engine.model_of(spec), engine.parallel_of(spec)
     network, system = engine.replay_network(bundle, calibration)
-    cache: dict[tuple[float, float, float], float] = {}
+    cache: dict[tuple[float, float, float, float], float] = {}
     # Each run at the SM clock its measured steps ran at: the kernel model learned kernels of profiled
     # steps, which power-capped runs ran at a higher clock (calib.models.clock).
     clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
@@ -637,17 +701,22 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     # of the time of generating the step again, or re-costs a workload it built before.
     step_of = Relaunchable(model, par, throttled(kernel_model.predict, run_slowdown(bundle, clock)))
 
-    def step(launch_s: float, sync_s: float, p2p_s: float) -> float:
-        key = (launch_s, sync_s, p2p_s)
+    def step(launch_s: float, sync_s: float, p2p_s: float, rendezvous_s: float = 0.0) -> float:
+        key = (launch_s, sync_s, p2p_s, rendezvous_s)
         if key not in cache:
-            workload = step_of.at(HostModel(launch_s, sync_s, p2p_sync_s=p2p_s))
+            workload = step_of.at(HostModel(launch_s, sync_s, p2p_sync_s=p2p_s, tp_rendezvous_s=rendezvous_s))
             cache[key] = simulate(workload, network, system, breakdown=False).step_time_s
         return cache[key]
 
     work = _host_work(step_of.at(HostModel(0.0, 0.0)))
     p2p = sum(w[2] for w in work)
     syncs = sum(w[1] for w in work)
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle),
+                tp=spec.tp, microbatches=_microbatches(spec))
+
+
+def _microbatches(spec: Any) -> int:
+    return max(1, int(spec.global_batch) // max(1, int(spec.micro_batch) * int(spec.dp)))
 
 
 def _path_of(bundle: Any) -> float:
@@ -704,31 +773,33 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, set_host_costs
+    from calib.workload.host import add_host_to_replay, set_host_costs, set_rendezvous
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle)
     check_replayable(run, spec.pp, f"bundle {bundle.id}")
     network, system = engine.replay_network(bundle, calibration)
     base = replay_workload(run)
-    cache: dict[tuple[float, float, float], float] = {}
+    cache: dict[tuple[float, float, float, float], float] = {}
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
-    hosted = add_host_to_replay(base, 0.0, sync_s)
+    hosted = add_host_to_replay(base, 0.0, sync_s, tp=spec.tp)
     work = _host_work(hosted)
     p2p = max(w[2] for w in work)
     syncs = max(w[1] for w in work)
 
-    def step(launch_s: float, sync: float, p2p_s: float) -> float:
-        key = (launch_s, sync, p2p_s)
+    def step(launch_s: float, sync: float, p2p_s: float, rendezvous_s: float = 0.0) -> float:
+        key = (launch_s, sync, p2p_s, rendezvous_s)
         if key not in cache:
             for c in hosted.classes:
                 set_host_costs(c.trace, launch_s, sync, p2p_s)
+            set_rendezvous(hosted, rendezvous_s)
             cache[key] = simulate(hosted, network, system, breakdown=False).step_time_s
         return cache[key]
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
-    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle))
+    return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle),
+                tp=spec.tp, microbatches=_microbatches(spec))
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
@@ -754,11 +825,13 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
     out = HostModel.from_dict(host.to_dict())
     out.replay_launch_s, out.replay_sync_s, out.replay_p2p_sync_s = fitted.launch_s, fitted.sync_s, fitted.p2p_sync_s
     out.replay_pace_per_path = fitted.pace_per_path
+    out.replay_tp_rendezvous_s = fitted.tp_rendezvous_s
     out.fitted_paths = sorted(set(out.fitted_paths) | set(fitted.fitted_paths))
     per = {r["id"]: r for r in fitted.runs}
     for r in out.runs:
         if r["id"] in per:
             r["replay_launch_s"], r["replay_step_s"] = per[r["id"]]["launch_s"], per[r["id"]]["fitted_step_s"]
+            r["replay_tp_rendezvous_s"] = per[r["id"]].get("tp_rendezvous_s")
     src = _short([r.id for r in runs]) + (f" (not replayable: {len(skipped)})" if skipped else "")
     out.provenance["host.replay_launch_s"] = (
         "calibrated: the cost per measured kernel minimising the mean absolute percent error of the replayed "
@@ -770,6 +843,10 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         "calibrated: the cost per pipeline send/recv sync of the replays minimising the same error over the "
         "pipeline-parallel replays" if fitted.p2p_sync_s is not None else
         "not calibrated: no pipeline-parallel replay (host.replay_sync_s is used)")
+    out.provenance["host.replay_tp_rendezvous_s"] = (
+        "calibrated: the TP rendezvous of the replays (every collective of the TP group), minimising the same error "
+        "over the replays with TP" if fitted.tp_rendezvous_s is not None else
+        "not calibrated: no replay with TP (0)")
     out.provenance["host.replay_pace_per_path"] = (
         "calibrated: the factor on every replay host cost per unit of the parallel code path, minimising the "
         "same error over the replays" if fitted.pace_per_path is not None else

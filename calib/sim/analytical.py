@@ -5,7 +5,8 @@ node whose resource is busy skipped until it frees; at most one GPU compute node
 one communication node (receives excepted) in flight. Compute takes its duration (`duration_ns`
 attribute, else duration_micros x 1000, 0 -> 1 ns) or the roofline time; BROADCAST replays its
 duration; ALL_REDUCE / REDUCE_SCATTER / ALL_GATHER / ALL_TO_ALL are synchronised across their
-group (matched by issue order within the group) and timed by calib.sim.collectives; sends are
+group (matched by issue order within the group) and timed by calib.sim.collectives, each member's
+node then held its attr `rendezvous_ns` longer (calib.workload.host: the TP rendezvous); sends are
 eager (network time only) and a receive ends when its message (same source, destination, tag
 and size) has arrived. Exposed communication = finish - GPU compute time (so CPU-op time counts
 as exposed, as ASTRA-sim reports it).
@@ -72,6 +73,17 @@ def _duration_ns(node: Node, system: SystemConfig) -> int:
     if d < 0:  # only a duration_ns attribute in a signed slot can be negative; never clamp it to 1 ns
         raise CalibError(f"node {node.id} ({node.name!r}) has a negative duration ({d} ns)")
     return d if d > 0 else 1
+
+
+def _rendezvous_ns(node: Node) -> int:
+    """What a blocking TP collective keeps its rank's compute stream beyond its transfer (attr
+    rendezvous_ns, calib.workload.host)."""
+    ns = node.attr("rendezvous_ns")
+    if not ns:
+        return 0
+    if int(ns) < 0:
+        raise CalibError(f"node {node.id} ({node.name!r}) has a negative rendezvous_ns {ns}")
+    return int(ns)
 
 
 def _resource(node: Node) -> int:
@@ -292,7 +304,7 @@ class AnalyticalSimulator:
                     fin = self.timer.finish_times(kind, size, members, [t] * len(members), group_key=pg)
                 except CalibError as exc:
                     raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}): {exc}") from None
-                finish_at(tl, i, fin[self._position(pg, members, tl.rep)])
+                finish_at(tl, i, fin[self._position(pg, members, tl.rep)] + _rendezvous_ns(node))
                 return
             if tl.rep not in members:
                 raise CalibError(
@@ -330,7 +342,7 @@ class AnalyticalSimulator:
                 for c, (_, ni) in inst.arrivals.items():
                     ctl = tls[c]
                     ctl.waiting.pop(ni, None)
-                    finish_at(ctl, ni, fin[where[ctl.rep]])
+                    finish_at(ctl, ni, fin[where[ctl.rep]] + _rendezvous_ns(ctl.nodes[ni]))
 
         def dispatch(tl: _Timeline, t: int) -> None:
             for res in (GPU, CPU, COMM):

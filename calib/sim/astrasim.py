@@ -39,6 +39,34 @@ def _idle() -> ExecutionTrace:
     return ExecutionTrace(nodes=[Node(0, "idle", NodeType.COMP_NODE, attrs=[Attr("is_cpu_op", False)])])
 
 
+def with_rendezvous_nodes(trace: ExecutionTrace) -> ExecutionTrace:
+    """The trace with each collective's TP rendezvous (attr rendezvous_ns, calib.workload.host) as a GPU
+    node of that duration after it, on which whatever depended on the collective now depends: ASTRA-sim
+    has no per-collective delay, and the embedded simulator holds the collective itself that much longer
+    (the same step where the compute stream waits for the collective). The trace itself when it has none."""
+    delays = {n.id: int(n.attr("rendezvous_ns") or 0) for n in trace.nodes
+              if n.type == NodeType.COMM_COLL_NODE and int(n.attr("rendezvous_ns") or 0) > 0}
+    if not delays:
+        return trace
+    next_id = max(n.id for n in trace.nodes) + 1
+    after: dict[int, int] = {}
+    added: list[Node] = []
+    for cid, ns in sorted(delays.items()):
+        after[cid] = next_id
+        added.append(Node(next_id, f"rendezvous:{cid}", NodeType.COMP_NODE, data_deps=[cid],
+                          duration_micros=int(round(ns / 1000)),
+                          attrs=[Attr("is_cpu_op", False, "bool_val"), Attr("duration_ns", ns, "uint64_val"),
+                                 Attr("category", "comm", "string_val")]))
+        next_id += 1
+    nodes = []
+    for n in trace.nodes:
+        if any(d in after for d in (*n.data_deps, *n.ctrl_deps)):
+            n = Node(n.id, n.name, n.type, [after.get(d, d) for d in n.ctrl_deps], [after.get(d, d) for d in n.data_deps],
+                     n.start_time_micros, n.duration_micros, n.inputs, n.outputs, list(n.attrs))
+        nodes.append(n)
+    return ExecutionTrace(nodes=nodes + added, version=trace.version, metadata_attrs=list(trace.metadata_attrs))
+
+
 def write_inputs(
     workload: SimWorkload, network: NetworkConfig, system: SystemConfig, out_dir: str | Path, binary: str = DEFAULT_BINARY
 ) -> list[str]:
@@ -48,7 +76,7 @@ def write_inputs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for rank in range(workload.num_ranks):
-        trace = workload.trace_of(rank)
+        trace = with_rendezvous_nodes(workload.trace_of(rank))
         write_et(trace if trace.nodes else _idle(), out / f"{PREFIX}.{rank}.et")
     write_bytes_atomic(out / "system.json", json.dumps(system.to_dict(), indent=2).encode())
     write_bytes_atomic(out / "network.yml", yaml.safe_dump(network.to_dict(), sort_keys=False).encode())

@@ -206,34 +206,40 @@ BIAS_HEAD = ("parallelism", "steady runs", "held-out, signed mean", "held-out, n
              "unsteady runs", "their held-out mean abs")
 
 
-def _bias_rows(report: ValidationReport) -> list[tuple[str, ...]]:
-    """One row per parallelism type: the steady runs' signed mean held-out and replay errors, how many of
-    them are predicted short, and the unsteady runs' held-out mean absolute error."""
+def _bias_stats(report: ValidationReport) -> list[dict]:
+    """One entry per parallelism type: its steady runs' held-out and replay errors and its unsteady runs'
+    held-out errors (percent, signed)."""
 
     def errors(kind: str, steady: bool, par: str) -> list[float]:
         return [r.error_pct for r in report.runs if r.kind == kind and r.parallelism == par
                 and r.error_pct is not None and r.measured_spread is not None
                 and (r.measured_spread < STEADY_SPREAD) == steady]
 
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    rows = []
+    out = []
     for par in sorted({r.parallelism for r in report.runs if r.kind == HELDOUT}):
         held, unsteady = errors(HELDOUT, True, par), errors(HELDOUT, False, par)
-        if not held and not unsteady:
-            continue
-        rows.append((par, str(len(held)), _pct(mean(held), signed=True), f"{sum(e < 0 for e in held)} of {len(held)}",
-                     _pct(mean(errors(REPLAY, True, par)), signed=True), str(len(unsteady)),
-                     _pct(mean([abs(e) for e in unsteady]))))
-    return rows
+        if held or unsteady:
+            out.append({"parallelism": par, "held": held, "replay": errors(REPLAY, True, par), "unsteady": unsteady})
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _bias_rows(stats: list[dict]) -> list[tuple[str, ...]]:
+    """One row per parallelism type: the steady runs' signed mean held-out and replay errors, how many of
+    them are predicted short, and the unsteady runs' held-out mean absolute error."""
+    return [(s["parallelism"], str(len(s["held"])), _pct(_mean(s["held"]), signed=True),
+             f"{sum(e < 0 for e in s['held'])} of {len(s['held'])}", _pct(_mean(s["replay"]), signed=True),
+             str(len(s["unsteady"])), _pct(_mean([abs(e) for e in s["unsteady"]]))) for s in stats]
 
 
 def _bias_lines(report: ValidationReport) -> list[str]:
-    rows = _bias_rows(report)
-    steady, unsteady = sum(int(r[1]) for r in rows), sum(int(r[5]) for r in rows)
+    stats = _bias_stats(report)
+    steady, unsteady = sum(len(s["held"]) for s in stats), sum(len(s["unsteady"]) for s in stats)
     return _section("Bias by parallelism", BIAS_TEXT, f"{steady} steady and {unsteady} unsteady runs held out.",
-                    BIAS_HEAD, rows)
+                    BIAS_HEAD, _bias_rows(stats))
 
 
 def _repeat_lines(report: ValidationReport) -> list[str]:
@@ -470,7 +476,7 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
     body.append("</table>")
     if rows := _repeat_rows(report):
         body += _html_section("Repeated configurations", REPEAT_TEXT, REPEAT_HEAD, rows)
-    if rows := _bias_rows(report):
+    if rows := _bias_rows(_bias_stats(report)):
         body += _html_section("Bias by parallelism", BIAS_TEXT, BIAS_HEAD, rows)
     if rows := _host_pace_rows(report):
         body += _html_section("Host pace", HOST_PACE_TEXT, HOST_PACE_HEAD, rows)

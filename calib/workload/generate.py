@@ -40,6 +40,7 @@ from calib.workload.host import (
     HOST_SYNC,
     LAUNCHES,
     READ_SYNCS,
+    RENDEZVOUS,
     SPLIT_AT,
     SPLIT_NS,
     SYNC_AFTER,
@@ -47,6 +48,7 @@ from calib.workload.host import (
     add_host,
     concat,
     host_recoster,
+    set_rendezvous,
     summarize,
 )
 from calib.workload.models import ModelSpec
@@ -265,6 +267,8 @@ class TraceBuilder:
                 Attr("pg_name", str(pg)), Attr("category", O.CATEGORY[coll.group]),
             ],
         )
+        if self.host and coll.group == "tp" and not coll.asynchronous:  # its compute stream waits for it
+            node.attrs.append(Attr(RENDEZVOUS, True, "bool_val"))
         self._add(node)
         if coll.asynchronous:
             self.outstanding[wait_key or coll.name] = nid
@@ -372,6 +376,12 @@ def check_supported(model: ModelSpec, par: ParallelConfig) -> None:
         raise CalibError(f"sequence parallel: TP {par.tp} does not divide sequence length {model.seq_length}")
 
 
+def _rendezvous(host: HostCosts) -> float:
+    """What a blocking TP collective costs beyond its transfer, where the host costs have it (else 0)."""
+    value = getattr(host, "tp_rendezvous_s", None)
+    return 0.0 if value is None else float(value)
+
+
 def _p2p_sync(host: HostCosts) -> float | None:
     """The host cost after a pipeline send/recv sync, where the host costs have one of their own."""
     value = getattr(host, "p2p_sync_s", None)
@@ -380,8 +390,8 @@ def _p2p_sync(host: HostCosts) -> float | None:
 
 def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, host: HostCosts | None = None) -> GeneratedStep:
     """The workload of one training step of `model` under `par` (see module docstring). With `host`
-    (calib.models.host.HostModel or anything with `launch_s` and `sync_s`, optionally `p2p_sync_s`, in
-    seconds) every GPU node
+    (calib.models.host.HostModel or anything with `launch_s` and `sync_s`, optionally `p2p_sync_s` and
+    `tp_rendezvous_s`, in seconds) every GPU node
     gets its host launch and megatron's host sync points are kept (calib.workload.host); without
     it the step is GPU-bound, as before."""
     check_supported(model, par)
@@ -393,6 +403,8 @@ def generate(model: ModelSpec, par: ParallelConfig, kernel_time: KernelTime, hos
                                p2p_sync_s=_p2p_sync(host))
     by_kind = ctx.groups.all_groups()
     workload = _workload(par, ctx.groups, by_kind, [c for c, _, _ in classes])
+    if host is not None:
+        set_rendezvous(workload, _rendezvous(host))
     compute = [sum(n.duration_ns for n in c.trace.nodes if n.type == NodeType.COMP_NODE and not n.is_cpu_op) * 1e-9
                for c, _, _ in classes]
     return GeneratedStep(
@@ -474,6 +486,7 @@ class Relaunchable:
         self._built[key] = kept  # the most recent last
         while len(self._built) > self.KEEP:
             del self._built[next(iter(self._built))]
+        set_rendezvous(kept[0], _rendezvous(host))
         return kept[0]
 
     def _build(self, launch_s: float, sync_s: float, p2p_s: float | None) -> SimWorkload:

@@ -24,6 +24,14 @@ In the ET this becomes (`add_host`):
   micro-batches before its next launch, which the GPU waits for).
 The costs sit in attributes (`host_role`, `host_launches`, `host_after_sync`, `host_after_p2p`,
 `host_after_read`) so that `set_host_costs` can re-cost a trace in place, which is how the host model is fitted.
+
+The tensor-parallel rendezvous: a blocking collective of the TP group (attr `tp_rendezvous`, set by the
+generator, or by `mark_tp_collectives` on a converted ET) keeps its ranks' compute streams `rendezvous_ns`
+longer than its transfer (attr `rendezvous_ns`, set by `set_rendezvous`; the embedded simulator adds it to
+the collective's end, and the ASTRA-sim backend writes it as a GPU node after the collective). In plain steps
+measure/probes/tp_rendezvous.py found 10-17 us per call in the steady state and, at the start of a step,
+each blocking call of the first micro-batch's forward waiting for the TP group's slowest host (docs/host.md,
+"The TP rendezvous"); one constant per call, fitted with the host model, stands for both.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ ROLE_AFTER_P2P = "host_after_p2p"  # the sync before this launch waited for a pi
 ROLE_AFTER_READ = "host_after_read"  # the sync before this launch waited for scalar reads only (READ_SYNCS)
 HOST_READ = "host_read"  # attr of a generated GPU node whose host sync is a scalar read (READ_SYNCS)
 COALESCED_WITH = "coalesced_with"  # attr of converted nodes: a further call of that node's NCCL kernel
+RENDEZVOUS = "tp_rendezvous"  # attr: a blocking collective of the TP group (module docstring)
+RENDEZVOUS_NS = "rendezvous_ns"  # attr: what that collective keeps its ranks' compute streams beyond its transfer
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
 # An op with `repeat` k is k syncs (one per kernel: each a device-to-host copy the host waits for), so
@@ -391,11 +401,49 @@ def count_p2p_syncs(trace: ExecutionTrace) -> int:
 
 
 def add_host_to_replay(workload: SimWorkload, launch_s: float, sync_s: float,
-                       p2p_sync_s: float | None = None, free_reads: bool = True) -> SimWorkload:
+                       p2p_sync_s: float | None = None, free_reads: bool = True, tp: int = 1,
+                       rendezvous_s: float = 0.0) -> SimWorkload:
     """A replay workload (one class per rank, converted ETs) with every rank's host launches
-    (`add_host_to_converted`, `free_reads` as there); `materialize` returns the new traces (for
-    ASTRA-sim files)."""
+    (`add_host_to_converted`, `free_reads` as there) and, with `tp` > 1, its TP group's collectives
+    marked (`mark_tp_collectives`) and kept `rendezvous_s` beyond their transfer; `materialize` returns
+    the new traces (for ASTRA-sim files)."""
     traces = {c.rep: add_host_to_converted(c.trace, launch_s, sync_s, p2p_sync_s, free_reads) for c in workload.classes}
     classes = [RankClass(rep=c.rep, members=list(c.members), trace=traces[c.rep]) for c in workload.classes]
-    return SimWorkload(num_ranks=workload.num_ranks, classes=classes, comm_groups=dict(workload.comm_groups),
-                       materialize=traces.__getitem__)
+    out = SimWorkload(num_ranks=workload.num_ranks, classes=classes, comm_groups=dict(workload.comm_groups),
+                      materialize=traces.__getitem__)
+    mark_tp_collectives(out, tp)
+    set_rendezvous(out, rendezvous_s)
+    return out
+
+
+def tp_groups(comm_groups: dict[int, list[int]], tp: int) -> set[int]:
+    """The ids of the groups that are a tensor-parallel group under megatron's rank order (TP fastest:
+    ranks k x tp .. k x tp + tp - 1); none when `tp` is 1."""
+    if tp <= 1:
+        return set()
+    return {g for g, ranks in comm_groups.items()
+            if len(ranks) == tp and sorted(ranks) == list(range(min(ranks), min(ranks) + tp)) and min(ranks) % tp == 0}
+
+
+def mark_tp_collectives(workload: SimWorkload, tp: int) -> int:
+    """Mark (attr RENDEZVOUS) every collective of a converted workload's tensor-parallel groups, in place;
+    return how many. A converted ET does not say which of them the compute stream waited for: the
+    backward's overlapped ones are marked too, and their rendezvous mostly hides under the GEMM they overlap."""
+    groups = {str(g) for g in tp_groups(workload.comm_groups, tp)}
+    marked = 0
+    for c in workload.classes:
+        for n in c.trace.nodes:
+            if n.type == NodeType.COMM_COLL_NODE and str(n.attr("pg_name")) in groups:
+                n.set_attr(RENDEZVOUS, True, "bool_val")
+                marked += 1
+    return marked
+
+
+def set_rendezvous(workload: SimWorkload, rendezvous_s: float) -> None:
+    """Give every marked TP collective of the workload's traces (attr RENDEZVOUS) `rendezvous_s` beyond
+    its transfer (attr RENDEZVOUS_NS), in place; 0 removes it."""
+    ns = int(round(float(rendezvous_s) * 1e9))
+    for c in workload.classes:
+        for n in c.trace.nodes:
+            if n.type == NodeType.COMM_COLL_NODE and n.attr(RENDEZVOUS, False):
+                n.set_attr(RENDEZVOUS_NS, ns, "uint64_val")
