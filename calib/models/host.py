@@ -14,6 +14,8 @@ Parameters (seconds):
   each launch's Python and autograd work; data parallelism adds none); the costs are kept at the
   one-GPU path (`HostModel.on_path(tp, pp, ep)` gives a run's, no further than the largest fitted
   path, `fitted_paths`). Fitted only where the runs took more than one path.
+- `tp_rendezvous_s`: what a blocking collective of the TP group keeps the compute stream beyond its
+  transfer (calib.workload.host, "the TP rendezvous"; not scaled by the pace), fitted on the runs with TP.
 The generator (calib.workload.generate with `host=`) puts them into the ET as ASTRA-sim CPU ops.
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
@@ -31,7 +33,8 @@ Without that bound the MAPE's two near-equal minima (~46 and ~60 us of launch on
 the fit jump to the upper one, which the host-bound runs rule out, when one of them is held out. `launch_s` is
 fitted at `sync_s` = 0, then `sync_s` at that launch cost (runs with device-to-host sync points),
 then `p2p_sync_s` at both (runs with pipeline send/recv syncs), then the pace (`_PaceSearch`), then
-all once more (three rounds with a pace). While fitting, the costs are those of the code path most
+all once more (three rounds with a pace), and last the TP rendezvous over the runs with TP (`best_rendezvous`:
+each run's step at 0 and at RENDEZVOUS_TRIAL_S, linear between; calib.workload.host has what it is). While fitting, the costs are those of the code path most
 runs took and the pace moves the others (the MAPE's valley lies along a constant cost there). Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
 informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
 (RunSpec.key(), telemetry twins together) is simulated at the costs minimising the MAPE over the
@@ -712,11 +715,7 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     p2p = sum(w[2] for w in work)
     syncs = sum(w[1] for w in work)
     return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle),
-                tp=spec.tp, microbatches=_microbatches(spec))
-
-
-def _microbatches(spec: Any) -> int:
-    return max(1, int(spec.global_batch) // max(1, int(spec.micro_batch) * int(spec.dp)))
+                tp=spec.tp, microbatches=engine.parallel_of(spec).num_microbatches)
 
 
 def _path_of(bundle: Any) -> float:
@@ -799,7 +798,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
 
     step(0.0, sync_s, sync_s)  # a replay the simulator refuses (one clear CalibError) is refused here, not mid-fit
     return _Run(bundle.id, spec.key(), measured_step(bundle).time_s, syncs, step, p2p, work, _path_of(bundle),
-                tp=spec.tp, microbatches=_microbatches(spec))
+                tp=spec.tp, microbatches=engine.parallel_of(spec).num_microbatches)
 
 
 def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel) -> tuple[HostModel, dict]:
