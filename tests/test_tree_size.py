@@ -13,7 +13,9 @@ import pytest
 from tests.conftest import ROOT
 
 LIMIT = 64 * 2**20
-WHEEL_ROOM = 3 * 2**20  # the megatron-core 0.19.2 wheel (.whl/, 2.3 MiB) travels beside the tree
+# The megatron-core 0.19.2 wheel (.whl/, 2,370,641 bytes: 2.26 MiB as a tar member) travels beside the tree;
+# 2.5 MiB leaves it a margin (3 MiB until the thirty-fifth session, when the tree reached 61.0 MiB).
+WHEEL_ROOM = int(2.5 * 2**20)
 
 
 def travelling_files() -> list[str]:
