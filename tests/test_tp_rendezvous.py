@@ -63,3 +63,15 @@ def test_probe_summary_prints_one_line_per_rank(bench, capsys) -> None:
     assert bench.main(["--probe"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("llama8b", "gpt13b"))]
     assert len(lines) == 4
+
+
+def test_host_lag_rows_line_the_ranks_hosts_up(bench) -> None:
+    rows = {r["name"]: r for r in bench.host_lag_rows(bench.PROBE.parent / "tp-rendezvous-2")}
+    assert set(rows) == {"llama8b-tp2", "gpt13b-tp2"}
+    for r in rows.values():
+        assert r["steps"] == 15
+        # The ranks start together and one host falls behind on the way through the first forward.
+        assert r["start_skew_us"] < 500 < 1000 < r["lag_us"] < 5000
+        assert 0 < r["lag_share"] < 0.5 and min(r["reach_us"]) > 5000
+    # The first probe run kept no host times: nothing to line up.
+    assert bench.host_lag_rows(bench.PROBE) == []

@@ -772,7 +772,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, set_host_costs, set_rendezvous
+    from calib.workload.host import add_host_to_replay, host_recoster, set_rendezvous
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle)
@@ -783,6 +783,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
     hosted = add_host_to_replay(base, 0.0, sync_s, tp=spec.tp)
+    recosts = [host_recoster(c.trace) for c in hosted.classes]  # launch nodes found once, not at every trial
     work = _host_work(hosted)
     p2p = max(w[2] for w in work)
     syncs = max(w[1] for w in work)
@@ -790,8 +791,8 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     def step(launch_s: float, sync: float, p2p_s: float, rendezvous_s: float = 0.0) -> float:
         key = (launch_s, sync, p2p_s, rendezvous_s)
         if key not in cache:
-            for c in hosted.classes:
-                set_host_costs(c.trace, launch_s, sync, p2p_s)
+            for recost in recosts:
+                recost(launch_s, sync, p2p_s)
             set_rendezvous(hosted, rendezvous_s)
             cache[key] = simulate(hosted, network, system, breakdown=False).step_time_s
         return cache[key]
