@@ -36,8 +36,10 @@ class Outcome:
 
 
 def ran_out_of_memory(campaign: Path, run: str) -> bool:
-    log = campaign / "logs" / f"{run}.log"
-    return log.is_file() and any(m in log.read_text(errors="replace") for m in OOM_MARKERS)
+    from measure.campaigns.logs import read_log
+
+    log = read_log(campaign, run)
+    return log is not None and any(m in log for m in OOM_MARKERS)
 
 
 def outcomes(traces: Path) -> list[Outcome]:

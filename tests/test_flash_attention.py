@@ -24,6 +24,7 @@ from calib.units import GIB
 from calib.validation.engine import model_of, parallel_of
 from calib.workload.memory import estimate
 from calib.workload.ops import Op, layer_bwd, layer_fwd
+from measure.campaigns.logs import read_log
 from tests.conftest import TRACES
 
 FLASH = sorted(p for gpu in ("h100", "h200") for p in (TRACES / gpu).glob("*-flash*") if (p / "manifest.json").is_file())
@@ -123,7 +124,7 @@ def test_predictions_made_before_the_runs(gpu: str, round_: str, limit: float) -
     ran = 0
     for rid, p in pred.items():
         if not (TRACES / gpu / rid / "manifest.json").is_file():
-            assert "out of memory" in (folder / "logs" / f"{rid}.log").read_text(), rid
+            assert "out of memory" in (read_log(folder, rid) or ""), rid
             assert p["memory_verdict"] in ("tight", "out of memory"), rid
             continue
         ran += 1

@@ -47,3 +47,14 @@ def test_main_prints_one_line_per_run(bench, runs, capsys) -> None:
     assert bench.main([str(H100)]) == 0
     out = capsys.readouterr().out
     assert all(rid in out for rid in runs)
+
+
+def test_the_h200_hosts_host_paced_steps_do_not_follow_the_sampled_pace(bench, runs) -> None:
+    """Round 28 (one H200): the same plan as round 27, and there GPT-3 1.3B's host-paced steps do not follow the
+    sampled pace (docs/host.md, "The H200's host-paced runs with their pace"), though that host sampled slower work."""
+    h200 = {r.id: r for r in bench.sampled_runs([ROOT / "traces" / "h200"]) if r.id.endswith(("-r28", "-r28b", "-r28c"))}
+    assert len(h200) == 10
+    for tag in ("r28", "r28b", "r28c"):
+        assert h200[f"gpt1.3b-1gpu-s256-{tag}"].r < 0.4
+    assert h200["gpt1.3b-1gpu-mbs4-r28"].spread < 0.02
+    assert np.median([r.work_s for r in h200.values()]) > 1.2 * np.median([r.work_s for r in runs.values()])

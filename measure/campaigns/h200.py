@@ -383,6 +383,22 @@ ROUND27_BASE = ["gpt1.3b-1gpu-s256", "llama8b-1gpu-s256", "mixtral-1gpu-s256"]
 ROUND27 = [*repeats(ROUND27_BASE, "r27"), *repeats(["gpt1.3b-1gpu-mbs4"], "r27"), *repeats(ROUND27_BASE, "r27b"),
            *repeats(ROUND27_BASE, "r27c")]
 
+# Round 28 (thirty-sixth session, one H200): round 27 on the H200, whose host-paced repeats spread most
+# (up to 62 %) and had no run with the host-pace sampler: the same three configurations three times each,
+# interleaved, and the same GPU-paced control. Predicted before the call (_campaigns/x1-round28/predictions.json).
+ROUND28 = [*repeats(ROUND27_BASE, "r28"), *repeats(["gpt1.3b-1gpu-mbs4"], "r28"), *repeats(ROUND27_BASE, "r28b"),
+           *repeats(ROUND27_BASE, "r28c")]
+
+# Round 29 (thirty-sixth session, 2 x H200): dense TP 2 at more micro-batches per step than any fitted TP run
+# (2-8), where a TP rendezvous per blocking collective and a race of the hosts once per step part ways
+# (docs/host.md, "The race once per step"). Predicted before the call by the committed calibration (per call
+# only) and by the refit with the race (_campaigns/x2-round29/predictions-*.json).
+ROUND29 = ["llama8b-tp2-mb32", "gpt13b-tp2-mb16"]
+TRAININGS += [
+    ("llama8b-tp2-mb32", L8B, 2, 1, 1, 1, 1, 32, "none", []),
+    ("gpt13b-tp2-mb16", G13B, 2, 1, 1, 1, 1, 16, "none", []),
+]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -477,6 +493,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND23B_H100 if not r.startswith("collectives")]
     jobs += [t(r) for r in ROUND24_H100 if r not in ROUND19 + ROUND12]
     jobs += [t(r) for r in ROUND27]
+    jobs += [t(r) for r in ROUND28]
+    jobs += [t(r) for r in ROUND29]
     return jobs
 
 
