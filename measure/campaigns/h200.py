@@ -391,7 +391,7 @@ ROUND28 = [*repeats(ROUND27_BASE, "r28"), *repeats(["gpt1.3b-1gpu-mbs4"], "r28")
 
 # Round 29 (thirty-sixth session, 2 x H200): dense TP 2 at more micro-batches per step than any fitted TP run
 # (2-8), where a TP rendezvous per blocking collective and a race of the hosts once per step part ways
-# (docs/host.md, "The race once per step"). Predicted before the call by the committed calibration (per call
+# (docs/host.md, "The race once per step, tried"). Predicted before the call by the committed calibration (per call
 # only) and by the refit with the race (_campaigns/x2-round29/predictions-*.json).
 ROUND29 = ["llama8b-tp2-mb32", "gpt13b-tp2-mb16"]
 TRAININGS += [

@@ -44,25 +44,24 @@ def pack(campaign: Path) -> tuple[int, int]:
     loose = campaign / "logs"
     if not loose.is_dir():
         return 0, 0
-    files = sorted(p for p in loose.iterdir() if p.is_file())
+    logs = {p.name: p.read_bytes() for p in sorted(loose.iterdir()) if p.is_file()}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:xz", format=tarfile.USTAR_FORMAT) as tar:
-        for f in files:
-            data = f.read_bytes()
-            info = tarfile.TarInfo(f"logs/{f.name}")
+        for name, data in logs.items():
+            info = tarfile.TarInfo(f"logs/{name}")
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     tmp = campaign / (PACKED + ".tmp")
     tmp.write_bytes(buf.getvalue())
     with tarfile.open(tmp, "r:xz") as tar:
-        for f in files:
-            member = tar.extractfile(f"logs/{f.name}")
-            if member is None or member.read() != f.read_bytes():
+        for name, data in logs.items():
+            member = tar.extractfile(f"logs/{name}")
+            if member is None or member.read() != data:
                 tmp.unlink()
-                raise CalibError(f"{campaign}: {f.name} does not read back the same from the archive; left as it was")
+                raise CalibError(f"{campaign}: {name} does not read back the same from the archive; left as it was")
     os.replace(tmp, campaign / PACKED)
     shutil.rmtree(loose)
-    return len(files), (campaign / PACKED).stat().st_size
+    return len(logs), (campaign / PACKED).stat().st_size
 
 
 def main(argv: list[str] | None = None) -> int:
