@@ -35,6 +35,7 @@ from calib.validation.measured import (
     is_real_gpu,
     measured_energy_per_step_j,
     measured_host_work_s,
+    measured_own_launch_s,
     measured_step,
     model_name,
     parallelism_type,
@@ -79,7 +80,8 @@ def _run_error(b: Bundle, kind: str, measured: object, predicted: float | None, 
         tp=spec.tp, pp=spec.pp, dp=spec.dp, ep=spec.ep, parallelism=parallelism_type(spec), kind=kind,
         measured_step_s=measured.time_s, measured_steps=measured.steps, predicted_step_s=predicted,
         error_pct=relative_error_pct(predicted, measured.time_s),
-        measured_spread=measured.spread, host_work_s=measured_host_work_s(b), **kw,  # type: ignore[arg-type]
+        measured_spread=measured.spread, host_work_s=measured_host_work_s(b), own_launch_s=measured_own_launch_s(b),
+        **kw,  # type: ignore[arg-type]
     )
 
 

@@ -30,6 +30,11 @@ class TrainRequest:
     # A second process timing fixed Python work all along (measure/telemetry/host_pace.py); on the CPU
     # path too, where there is no GPU telemetry.
     host_pace: bool = True
+    # The trainer's own pace, timed in its main thread just after every measured step, outside the step's
+    # timing: tiny CUDA launches and the sampler's Python work (measure/own_pace.py). On the H200 hosts a
+    # host-paced step moves with the pace of the CPUs its own threads run on, which the second process does
+    # not see (docs/host.md, "The trainer's threads, step by step").
+    own_pace: bool = True
     keep_raw: bool = False
     seed: int = 1234
     timeout_s: float = 1800.0

@@ -18,6 +18,7 @@ import pandas as pd
 from calib.bundle.io import BundleWriter
 from calib.bundle.schema import (
     STEP_COLUMNS,
+    STEP_OPTIONAL_COLUMNS,
     GpuInfo,
     Manifest,
     RankMemory,
@@ -26,6 +27,7 @@ from calib.bundle.schema import (
     TelemetryInfo,
 )
 from calib.errors import CalibError
+from measure import own_pace
 from measure.env import child_env, host_cpu, host_name, software_versions, visible_gpus
 from measure.proctree import kill_tree
 from measure.request import TrainRequest
@@ -200,7 +202,14 @@ def measure_training(
 
     if ranks:
         rows = [row for r in sorted(ranks) for row in ranks[r]["steps"]]
-        writer.write_table("steps", pd.DataFrame(rows, columns=STEP_COLUMNS))
+        own = [c for c in STEP_OPTIONAL_COLUMNS if any(c in row for row in rows)]
+        writer.write_table("steps", pd.DataFrame(rows, columns=STEP_COLUMNS + own))
+        if own:
+            manifest.notes["own_pace"] = {
+                "launch": f"{own_pace.LAUNCHES} in-place adds on 256 floats, launched without waiting, per launch",
+                "work": f"{PACE_ITERATIONS} iterations of measure.telemetry.host_pace.python_work_us",
+                "where": "the main thread of every rank, just after each measured step, outside its timing",
+            }
         manifest.memory = [RankMemory(**ranks[r]["memory"]) for r in sorted(ranks)]
         first = ranks[min(ranks)]
         manifest.steps.profiled = list(first.get("profiled", []))

@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from calib.bundle.schema import STEP_OPTIONAL_COLUMNS
+from measure import own_pace
 from measure.env import apply_safe_env, software_versions
 from measure.request import TrainRequest
 
@@ -96,6 +98,8 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
     _stage(rank, "warm-up done", t0)
     probes.append(memory_probe("warm-up", cuda))
 
+    own = own_pace.timer(cuda) if req.own_pace else None
+
     def timed_step(profiled: bool) -> None:
         nonlocal n
         sync()
@@ -103,7 +107,15 @@ def run(req: TrainRequest, rank: int, world: int, local_rank: int, out: Path) ->
         step()
         sync()
         end = time.monotonic()
-        rows.append({"rank": rank, "step": n, "start_s": start - req.t0_monotonic, "time_s": end - start, "profiled": profiled})
+        row = {"rank": rank, "step": n, "start_s": start - req.t0_monotonic, "time_s": end - start, "profiled": profiled}
+        if own is not None:
+            if profiled:  # nothing after a profiled step: it would land in the step's traces
+                row.update(dict.fromkeys(STEP_OPTIONAL_COLUMNS, float("nan")))
+            else:
+                row.update(own())
+                if world > 1:
+                    dist.barrier()  # every rank starts the next step together, whatever its own timing took
+        rows.append(row)
         n += 1
 
     for _ in range(req.steps):

@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -82,6 +83,23 @@ def test_measured_host_work_is_the_median_over_the_measured_steps(tmp_path: Path
     write_parquet(pd.DataFrame({"t_s": t, "work_s": [9e-3, 1e-3, 2e-3, 4e-3, 9e-3]}), dst / "host_pace.parquet")
     assert measured_host_work_s(read_bundle(dst)) == pytest.approx(2e-3)
     assert measured_host_work_s(read_bundle(dst), min_samples=4) is None
+
+
+def test_measured_own_launch_is_the_median_over_measured_steps_of_every_rank(tmp_path: Path) -> None:
+    from calib.validation.measured import measured_own_launch_s
+
+    dst = tmp_path / "b"
+    shutil.copytree(TEST_DATA / "cpu-gloo-dp2", dst)
+    assert measured_own_launch_s(read_bundle(dst)) is None  # a bundle from before the own pace
+    steps = read_bundle(dst).table("steps")
+    launch = [9e-6 if p else 1e-6 * (1 + i % 3) for i, p in enumerate(steps["profiled"].astype(bool))]
+    write_parquet(steps.assign(own_launch_s=launch, own_work_s=1e-3), dst / "steps.parquet")
+    measured = [v for v, p in zip(launch, steps["profiled"].astype(bool), strict=True) if not p]
+    b = read_bundle(dst)
+    assert check_bundle(b) == []  # optional columns: the schema's readers are unaffected
+    assert measured_own_launch_s(b) == pytest.approx(float(np.median(measured)))  # not the profiled step's 9 us
+    write_parquet(steps.assign(own_launch_s=float("nan"), own_work_s=1e-3), dst / "steps.parquet")
+    assert measured_own_launch_s(read_bundle(dst)) is None  # the CPU path: nothing launched
 
 
 def test_the_sampler_ends_when_its_launcher_is_killed_outright(tmp_path: Path) -> None:

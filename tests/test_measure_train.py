@@ -72,6 +72,29 @@ def test_no_host_pace_leaves_the_table_out(tmp_path: Path) -> None:
     assert not b.has("host_pace") and b.manifest.telemetry.host_pace_hz == 0 and "host_pace" not in b.manifest.notes
 
 
+def test_cpu_run_times_its_own_pace_after_each_measured_step(cpu_bundle: Path) -> None:
+    """The trainer's own Python work after every measured step, on every rank; no launches on the CPU path,
+    and nothing after the profiled step, whose traces must not hold it."""
+    b = read_bundle(cpu_bundle)
+    steps = b.table("steps")
+    assert list(steps.columns) == ["rank", "step", "start_s", "time_s", "profiled", "own_launch_s", "own_work_s"]
+    measured, profiled = steps[~steps["profiled"]], steps[steps["profiled"]]
+    assert (measured["own_work_s"] > 0).all() and measured["own_launch_s"].isna().all()
+    assert profiled[["own_launch_s", "own_work_s"]].isna().all().all()
+    assert b.manifest.notes["own_pace"]["where"].startswith("the main thread of every rank")
+    # Outside the step's timing: the next step starts after the step before ended and its own pace was timed.
+    for _, g in measured.groupby("rank"):
+        ends = (g["start_s"] + g["time_s"] + g["own_work_s"]).to_numpy()[:-1]
+        assert (g["start_s"].to_numpy()[1:] >= ends).all()
+
+
+def test_no_own_pace_leaves_the_columns_out(tmp_path: Path) -> None:
+    out = measure_training(_req(29827, steps=1, profile_steps=0, own_pace=False), tmp_path / "noown")
+    b = read_bundle(out)
+    assert list(b.table("steps").columns) == ["rank", "step", "start_s", "time_s", "profiled"]
+    assert "own_pace" not in b.manifest.notes
+
+
 def test_cpu_run_keeps_raw_traces_for_conversion(cpu_bundle: Path) -> None:
     raw = cpu_bundle / "raw"
     for r in (0, 1):

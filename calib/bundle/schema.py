@@ -2,7 +2,7 @@
 
 A bundle is a folder:
     manifest.json        Manifest below (written last; its `status` says complete or failed)
-    steps.parquet        STEP_COLUMNS         one row per rank and step
+    steps.parquet        STEP_COLUMNS         one row per rank and step (+ STEP_OPTIONAL_COLUMNS)
     telemetry.parquet    TELEMETRY_COLUMNS    one row per GPU and sample
     kernels.parquet      KERNEL_COLUMNS (+ shape columns)
     collectives.parquet  COLLECTIVE_COLUMNS
@@ -22,6 +22,10 @@ KINDS = ("training", "collectives", "kernels")
 STATUSES = ("complete", "failed")
 
 STEP_COLUMNS = ["rank", "step", "start_s", "time_s", "profiled"]
+# Optional: the trainer's own pace timed in its main thread just after each step, outside its timing
+# (measure/own_pace.py): seconds per tiny CUDA launch and per sample of the host-pace work; NaN after a
+# profiled step and, for launches, on the CPU path. Larger is slower.
+STEP_OPTIONAL_COLUMNS = ["own_launch_s", "own_work_s"]
 TELEMETRY_COLUMNS = [
     "gpu", "t_s", "power_w", "power_instant_w", "energy_j", "temp_gpu_c", "temp_hbm_c", "sm_clock_hz",
     "mem_clock_hz", "clock_event_reasons", "util_gpu", "nvlink_tx_bytes", "nvlink_rx_bytes",

@@ -57,6 +57,7 @@ def train(
     profile_steps: int = typer.Option(1, "--profile-steps"),
     no_telemetry: bool = typer.Option(False, "--no-telemetry", help="no GPU telemetry and no host-pace sampler"),
     no_host_pace: bool = typer.Option(False, "--no-host-pace", help="no second process sampling the host's pace"),
+    no_own_pace: bool = typer.Option(False, "--no-own-pace", help="no timing of the trainer's own pace after each step"),
     telemetry_hz: float = typer.Option(50.0, "--telemetry-hz"),
     telemetry_backend: str = typer.Option("auto", "--telemetry-backend", help="auto | nvml | amdsmi"),
     keep_raw: bool = typer.Option(False, "--keep-raw", help="keep the raw PyTorch/Kineto traces (gzipped) in raw/"),
@@ -86,6 +87,7 @@ def train(
         model=name, par=par, warmup=warmup, steps=steps, profile_steps=profile_steps, device=device,
         telemetry=not no_telemetry and device == "cuda", telemetry_hz=telemetry_hz, keep_raw=keep_raw,
         host_pace=not (no_telemetry or no_host_pace),
+        own_pace=not (no_telemetry or no_own_pace),
         master_port=master_port, timeout_s=timeout,
     )
     _summary(measure_training(req, out, overwrite=overwrite, telemetry_backend=telemetry_backend,

@@ -70,6 +70,21 @@ def measured_host_work_s(bundle: Bundle, min_samples: int = 3) -> float | None:
     return float(np.median(work)) if len(work) >= min_samples else None
 
 
+def measured_own_launch_s(bundle: Bundle) -> float | None:
+    """Median seconds per tiny launch the trainer timed in its own main thread just after each measured,
+    unprofiled step (steps.parquet's own_launch_s, measure/own_pace.py), over every rank: how fast the
+    launching threads' CPUs were while the step time was taken (larger is slower). None where the bundle
+    has no such column or no finite value in it."""
+    if not bundle.has("steps"):
+        return None
+    steps = bundle.table("steps")
+    if "own_launch_s" not in steps.columns:
+        return None
+    values = steps.loc[~steps["profiled"].astype(bool), "own_launch_s"].to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else None
+
+
 def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
     """The SM clock during the profiled step over the SM clock during the measured steps (per GPU the
     median telemetry sample of each window, then the median over GPUs); 1.0 where the telemetry

@@ -173,19 +173,24 @@ def _section(title: str, text: str, figures: str, head: tuple[str, ...], rows: l
             *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows)]
 
 
-HOST_PACE_TEXT = ("Runs measured with the host-pace sampler beside them (`calib measure`, measure/telemetry/"
-                  "host_pace.py): a second process timing fixed pure-Python work all along. Host work = the "
-                  "median time of that work over the measured steps; larger is a slower host. A step that waits "
-                  "for the host moves with it; one paced by its GPU does not. No model uses it yet: it says "
-                  "which errors the host's pace on the day can explain.")
-HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "held-out error", "replay error")
+HOST_PACE_TEXT = ("Runs measured with the host's pace beside them (`calib measure`). Host work = the median time "
+                  "of a second process's fixed pure-Python work over the measured steps (measure/telemetry/"
+                  "host_pace.py); own launch = the median time per tiny CUDA launch timed in the trainer's own "
+                  "thread just after each measured step (measure/own_pace.py; from round 30 on). Larger is a "
+                  "slower host. A step that waits for the host moves with its launching threads' CPUs, which "
+                  "on the H200 hosts the second process does not see and the own launch timing does. No model "
+                  "uses either yet: they say which errors the host's pace on the day can explain.")
+HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "own launch us", "held-out error",
+                  "replay error")
 
 
 def _host_pace_rows(report: ValidationReport) -> list[tuple[str, ...]]:
     """One row per run sampled for its host's pace, by configuration then host work."""
     by_kind = {(r.run, r.kind): r.error_pct for r in report.runs}
-    sampled = [r for r in report.runs if r.kind == HELDOUT and r.host_work_s is not None]
-    return [(r.run, r.config, _ms(r.measured_step_s), _spread(r), f"{r.host_work_s * 1e3:.2f}",
+    sampled = [r for r in report.runs if r.kind == HELDOUT and (r.host_work_s is not None or r.own_launch_s is not None)]
+    return [(r.run, r.config, _ms(r.measured_step_s), _spread(r),
+             "-" if r.host_work_s is None else f"{r.host_work_s * 1e3:.2f}",
+             "-" if r.own_launch_s is None else f"{r.own_launch_s * 1e6:.2f}",
              _pct(by_kind.get((r.run, HELDOUT)), signed=True), _pct(by_kind.get((r.run, REPLAY)), signed=True))
             for r in sorted(sampled, key=lambda r: (r.config, r.host_work_s or 0.0))]
 

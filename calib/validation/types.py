@@ -58,6 +58,9 @@ class RunError:
     # Median seconds of the host-pace sampler's fixed work over the measured steps (larger: a slower
     # host; calib.validation.measured.measured_host_work_s); None where the run was not sampled.
     host_work_s: float | None = None
+    # Median seconds per tiny launch timed in the trainer's own thread after each measured step (larger: slower
+    # CPUs under the launching threads; calib.validation.measured.measured_own_launch_s); None where not timed.
+    own_launch_s: float | None = None
 
     @property
     def abs_error_pct(self) -> float | None:

@@ -6,7 +6,7 @@
 # --keep-raw), campaign.json, logs.tar.gz, gpu.txt.
 set -uo pipefail
 gpus=$1 budget=$2 hard=$3 timeout=$4 ids=$5
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+source measure/carry.sh && carry_install || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$OUT/gpu.txt"

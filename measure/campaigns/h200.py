@@ -399,6 +399,16 @@ TRAININGS += [
     ("gpt13b-tp2-mb16", G13B, 2, 1, 1, 1, 1, 16, "none", []),
 ]
 
+# Round 30 (thirty-seventh session, one H200): the three host-paced one-GPU configurations twice each,
+# interleaved, the first runs with the trainer's own pace timed after every step (measure/own_pace.py): on the
+# H200 a host-paced step follows the pace of its own threads' CPUs, which the host-pace sampler does not see
+# (docs/host.md, "The trainer's threads, step by step"). Predicted before the call
+# (_campaigns/x1-round30/predictions.json).
+ROUND30 = [*repeats(ROUND27_BASE, "r30"), *repeats(ROUND27_BASE, "r30b")]
+# Round 31: round 30 again on another lease, where the own pace's scale may differ from round 30's host
+# (_campaigns/x1-round31/predictions.json, by the same calibration as round 30's).
+ROUND31 = [*repeats(ROUND27_BASE, "r31"), *repeats(ROUND27_BASE, "r31b")]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -495,6 +505,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND27]
     jobs += [t(r) for r in ROUND28]
     jobs += [t(r) for r in ROUND29]
+    jobs += [t(r) for r in ROUND30]
+    jobs += [t(r) for r in ROUND31]
     return jobs
 
 

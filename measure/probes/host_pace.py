@@ -17,6 +17,16 @@ benchmarks, a measurement can carry its host's pace; if it follows placement, `c
 pin. Blocks alternate placements so that drift within a process does not pose as either. With
 `--sidecar`, a second process samples the same work all along on whichever CPU it gets: if it sees the
 trainer's slow spells, a measurement could record its host's pace beside its steps without touching them.
+With `--threads`, every step also records, outside its timing, what each thread of the trainer did during it
+(/proc/self/task/*/schedstat: time on a CPU, time waiting for one, and the CPU it ran on), each CPU's busy and
+stolen ticks, and the launch pace (tiny CUDA ops) beside the Python work after it; the sidecar notes its CPU
+per sample, with two more kinds of work whose data does not fit a core's caches (a walk over a large Python
+heap, a gather over 256 MiB); the trainer's main and autograd threads' hardware counters (cycles, instructions,
+cache misses: perf_event_open, where the VM has a PMU) and its time in the garbage collector are kept per
+step. On the H200 the sidecar does not follow the steps (docs/host.md, thirty-sixth session): a slow step
+that the trainer's main thread spent on a CPU is a slower CPU under it, one it spent waiting is a queue, and a
+slow launch pace with a steady Python pace is the launch path (driver, PCIe), not the interpreter. What it
+found: docs/host.md, "The trainer's threads, step by step" (benchmarks/host_threads.py reads its results).
 """
 
 from __future__ import annotations
@@ -74,6 +84,173 @@ def context_switches() -> dict[str, int]:
     return out
 
 
+def thread_stats() -> dict[int, tuple[int, int, int, int]]:
+    """Each thread of this process: (ns on a CPU, ns waiting for one, timeslices, the CPU it last ran
+    on), from /proc/self/task/TID/schedstat and stat."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            run, wait, slices = (int(v) for v in (task / "schedstat").read_text().split()[:3])
+            # stat's fields after the command name (which may hold spaces): the 39th field, the CPU, is 37th of them
+            cpu = int((task / "stat").read_text().rsplit(")", 1)[1].split()[36])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+        out[int(task.name)] = (run, wait, slices, cpu)
+    return out
+
+
+def thread_names() -> dict[int, str]:
+    """Each thread's name (comm): torch names its autograd engine's threads pt_autograd_N."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            out[int(task.name)] = (task / "comm").read_text().strip()
+    return out
+
+
+def per_cpu_ticks() -> list[tuple[int, int]]:
+    """Each CPU's (busy, steal) clock ticks so far, by /proc/stat's cpuN lines."""
+    out = []
+    with open("/proc/stat") as f:
+        for line in f:
+            if not line.startswith("cpu") or line.startswith("cpu "):
+                if out:
+                    break
+                continue
+            v = dict(zip(STAT_FIELDS, (int(x) for x in line.split()[1:1 + len(STAT_FIELDS)]), strict=False))
+            out.append((v["user"] + v["nice"] + v["system"] + v["irq"] + v["softirq"], v["steal"]))
+    return out
+
+
+def step_threads(before: dict[int, tuple[int, int, int, int]], after: dict[int, tuple[int, int, int, int]]
+                 ) -> list[list[int]]:
+    """[tid, ns on a CPU, ns waiting, timeslices, CPU at the end] of every thread that ran or waited
+    between two thread_stats()."""
+    rows = []
+    for tid, (run, wait, slices, cpu) in after.items():
+        r0, w0, s0, _ = before.get(tid, (0, 0, 0, cpu))
+        if run > r0 or wait > w0:
+            rows.append([tid, run - r0, wait - w0, slices - s0, cpu])
+    return rows
+
+
+def cpu_topology() -> dict[int, dict[str, Any]]:
+    """Each CPU this process may use: its core, package and SMT siblings as the guest sees them."""
+    out: dict[int, dict[str, Any]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        top = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        entry: dict[str, Any] = {}
+        for name in ("core_id", "physical_package_id", "thread_siblings_list"):
+            with contextlib.suppress(OSError):
+                entry[name] = (top / name).read_text().strip()
+        out[cpu] = entry
+    return out
+
+
+def this_cpu() -> int:
+    """The CPU this thread runs on now (/proc/thread-self/stat's 39th field)."""
+    return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+
+
+HEAP_OBJECTS = 400_000  # the sidecar's large heap: ~110 MB of small objects, far past one core's 2 MiB L2
+HEAP_TOUCH = 4_000  # objects visited per heap sample, in a fixed shuffled order: about 1-2 ms
+GATHER_WORDS = 1 << 25  # 256 MiB of int64 for the gather sample, near the whole L3 (300 MiB on the lent hosts)
+GATHER_READS = 1 << 17  # random reads per gather sample: about 1-2 ms
+
+
+def sample_with_cpu(log: Path, gap_s: float, iterations: int) -> None:
+    """The telemetry sampler's samples with the CPU each ran on, and two more kinds of fixed work whose
+    data does not fit a core's caches: `ns us cpu heap_us gather_us` per line, until killed. The small
+    loop lives in L1; the trainer's launch path walks a large heap (modules, dispatcher, driver), so a
+    slowdown of the memory system would reach it and not the loop."""
+    import random
+
+    import numpy as np
+
+    class Box:
+        __slots__ = ("v", "d")
+
+        def __init__(self, v: int) -> None:
+            self.v = v
+            self.d = {"k": v}
+
+    rng = random.Random(0)
+    heap = [Box(i) for i in range(HEAP_OBJECTS)]
+    rng.shuffle(heap)  # allocation order is address order: shuffled, neighbours in the list are far apart
+    walk = heap[:HEAP_TOUCH]
+    words = np.arange(GATHER_WORDS, dtype=np.int64)
+    reads = np.random.default_rng(0).integers(0, GATHER_WORDS, GATHER_READS)
+    parent = os.getppid()
+    with open(log, "w") as f:
+        while os.getppid() == parent:
+            t = time.perf_counter_ns()
+            us = python_pace_us(iterations, tries=1)
+            cpu = this_cpu()
+            h = time.perf_counter_ns()
+            acc = 0
+            for box in walk:
+                acc += box.v + box.d["k"]
+            g = time.perf_counter_ns()
+            acc += int(words[reads].sum())
+            e = time.perf_counter_ns()
+            f.write(f"{t} {us:.1f} {cpu} {(g - h) / 1e3:.1f} {(e - g) / 1e3:.1f}\n")
+            f.flush()
+            time.sleep(gap_s)
+
+
+def read_sidecar(text: str, threads: bool) -> dict[str, list]:
+    """The sidecar's log as the result's lists: `sidecar` ([ns, us] per sample) and, with --threads, each
+    sample's CPU and heap and gather work. The last piece, where the kill cut a line short, is dropped (the
+    sampler ends every line it finishes), as is a line with another count of fields."""
+    lines = [line.split() for line in text.split("\n")[:-1]]
+    lines = [p for p in lines if len(p) == (5 if threads else 2)]
+    out: dict[str, list] = {"sidecar": [[int(p[0]), float(p[1])] for p in lines]}
+    if threads:
+        out["sidecar_cpu"] = [int(p[2]) for p in lines]
+        out["sidecar_heap_us"] = [float(p[3]) for p in lines]
+        out["sidecar_gather_us"] = [float(p[4]) for p in lines]
+    return out
+
+
+# perf_event_open(2): struct perf_event_attr as of PERF_ATTR_SIZE_VER0 (64 bytes), hardware events
+PERF_EVENTS = {"cycles": 0, "instructions": 1, "cache_misses": 3}
+SYS_PERF_EVENT_OPEN = 298  # x86_64
+
+
+class ThreadCounters:
+    """Hardware counters of given threads (cycles, instructions, last-level cache misses), user and
+    kernel, where the VM exposes a PMU; `error` says why not otherwise. Cycles over a step's CPU time is
+    the clock the thread ran at; instructions per cycle falls when the memory system is slow."""
+
+    def __init__(self, tids: list[int]) -> None:
+        import ctypes
+
+        self.fds: dict[int, dict[str, int]] = {}
+        self.error = ""
+        libc = ctypes.CDLL(None, use_errno=True)
+        for tid in tids:
+            for name, config in PERF_EVENTS.items():
+                attr = (ctypes.c_uint8 * 64)()
+                ctypes.memmove(attr, (ctypes.c_uint32 * 2)(0, 64), 8)  # type PERF_TYPE_HARDWARE, size
+                ctypes.memmove(ctypes.byref(attr, 8), (ctypes.c_uint64 * 1)(config), 8)
+                fd = libc.syscall(SYS_PERF_EVENT_OPEN, attr, tid, -1, -1, 0)
+                if fd < 0:
+                    self.error = f"perf_event_open {name} for thread {tid}: {os.strerror(ctypes.get_errno())}"
+                    self.close()
+                    return
+                self.fds.setdefault(tid, {})[name] = fd
+
+    def read(self) -> dict[int, dict[str, int]]:
+        return {tid: {name: int.from_bytes(os.pread(fd, 8, 0), "little") for name, fd in fds.items()}
+                for tid, fds in self.fds.items()}
+
+    def close(self) -> None:
+        for fds in self.fds.values():
+            for fd in fds.values():
+                os.close(fd)
+        self.fds = {}
+
+
 def gpu_cpus(index: int) -> list[int]:
     """The CPUs local to the GPU (its PCI device's local_cpulist), else every CPU this process may use."""
     try:
@@ -102,14 +279,14 @@ def place(policy: str, every: set[int], pair: tuple[int, int]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
-def launch_pace_us(n: int = 400) -> float:
+def launch_pace_us(n: int = 400, tries: int = 3) -> float:
     """Host microseconds per tiny CUDA op (an in-place add on 1 KiB), launched without waiting; the
-    median of three runs, each after the GPU drained."""
+    median of `tries` runs, each after the GPU drained."""
     import torch
 
     x = torch.zeros(256, device="cuda")
     runs = []
-    for _ in range(3):
+    for _ in range(tries):
         torch.cuda.synchronize()
         t = time.perf_counter_ns()
         for _ in range(n):
@@ -119,8 +296,30 @@ def launch_pace_us(n: int = 400) -> float:
     return statistics.median(runs)
 
 
-def run_one(probe: Probe, blocks: list[str], steps: int, warmup: int) -> dict[str, Any]:
+class _GcClock:
+    """Nanoseconds this process has spent in the garbage collector (gc.callbacks), all threads."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self._start = 0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter_ns()
+        else:
+            self.ns += time.perf_counter_ns() - self._start
+
+
+GC = _GcClock()
+
+
+def run_one(probe: Probe, blocks: list[str], steps: int, warmup: int, threads: bool = False) -> dict[str, Any]:
+    import gc
+
     import torch
+
+    if threads:
+        gc.callbacks.append(GC)
 
     training = build_rank(probe.model, probe.par())
     step = training.parts.step
@@ -138,25 +337,53 @@ def run_one(probe: Probe, blocks: list[str], steps: int, warmup: int) -> dict[st
         py, launch = python_pace_us(), launch_pace_us()
         cs0, st0 = context_switches(), cpu_times()
         times, paces, starts = [], [], []
+        per_thread: list[list[list[int]]] = []
+        per_cpu: list[list[tuple[int, int]]] = []
+        launches: list[float] = []
+        names = thread_names() if threads else {}
+        counters = ThreadCounters([tid for tid, n in names.items() if tid == os.getpid() or n.startswith("pt_autograd")]
+                                  ) if threads else None
+        per_counter: list[dict[str, dict[str, int]]] = []
+        gc_ns: list[int] = []
         for _ in range(steps):
             torch.cuda.synchronize()
+            if threads:
+                th0, cpu0 = thread_stats(), per_cpu_ticks()
+                k0, gc0 = counters.read(), GC.ns
             t = time.perf_counter_ns()
             step()
             torch.cuda.synchronize()
             times.append((time.perf_counter_ns() - t) / 1e9)
             starts.append(t)
+            if threads:
+                k1, gc_ns_step = counters.read(), GC.ns - gc0
+                th1, cpu1 = thread_stats(), per_cpu_ticks()
+                per_thread.append(step_threads(th0, th1))
+                per_cpu.append([(b1 - b0, s1 - s0) for (b0, s0), (b1, s1) in zip(cpu0, cpu1, strict=True)])
+                per_counter.append({str(tid): {n: k1[tid][n] - k0[tid][n] for n in k1[tid]} for tid in k1})
+                gc_ns.append(gc_ns_step)
             # ~1 ms of fixed work after each step, outside its timing: the host's pace step by step.
             paces.append(python_pace_us(PACE_SAMPLE, tries=1))
+            if threads:
+                launches.append(launch_pace_us(200, tries=1))
         cs1, st1 = context_switches(), cpu_times()
-        out.append({
+        block: dict[str, Any] = {
             "policy": policy, "cpus": sorted(every) if policy == "free" else list(pair), "step_s": times,
             "python_pace_us": py, "launch_pace_us": launch, "pace_after_step_us": paces, "step_start_ns": starts,
             "ctx_switches": {k: cs1[k] - cs0[k] for k in cs0}, "cpu_ticks": {k: st1[k] - st0[k] for k in st0},
-        })
+        }
+        if threads:
+            names.update(thread_names())
+            block.update({"main_tid": os.getpid(), "thread_names": {str(k): v for k, v in names.items()},
+                          "step_threads": per_thread, "step_cpu_ticks": per_cpu, "launch_after_step_us": launches,
+                          "step_counters": per_counter, "counters_error": counters.error, "step_gc_ns": gc_ns})
+            counters.close()
+        out.append(block)
     place("free", every, pair)
     return {"name": probe.name, "model": probe.model, "par": probe.par().to_dict(),
             "microbatches": training.info["microbatches"], "gpu": torch.cuda.get_device_name(0),
-            "host_cpu": host_cpu(), "local_cpus": local, "blocks": out}
+            "host_cpu": host_cpu(), "local_cpus": local, "blocks": out,
+            **({"topology": {str(k): v for k, v in cpu_topology().items()}} if threads else {})}
 
 
 def summary(results: list[dict]) -> str:
@@ -191,17 +418,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sidecar-every", type=int, default=1, help="with --sidecar: in every Nth trial only (the "
                     "others run without it, on the same machine, for its cost)")
     ap.add_argument("--sidecar-gap", type=float, default=0.004, help="seconds the second process waits between samples")
+    ap.add_argument("--threads", action="store_true", help="per step: each thread's CPU time and waits, each "
+                    "CPU's ticks, and the launch pace after it; the sidecar's CPU per sample")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--pace-log", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.pace_log:
-        sample_forever(Path(args.pace_log), args.sidecar_gap, PACE_SAMPLE)
+        if args.threads:
+            sample_with_cpu(Path(args.pace_log), args.sidecar_gap, PACE_SAMPLE)
+        else:
+            sample_forever(Path(args.pace_log), args.sidecar_gap, PACE_SAMPLE)
     if args.one:
         apply_safe_env()
         probe = next(c for c in CONFIGS if c.name == args.one)
-        result = run_one(probe, args.blocks.split(","), args.steps, args.warmup)
+        result = run_one(probe, args.blocks.split(","), args.steps, args.warmup, args.threads)
         (out / f"{args.one}.one.json").write_text(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)
@@ -216,13 +448,15 @@ def main(argv: list[str] | None = None) -> int:
             port += 1
             start = time.monotonic()
             cmd = [sys.executable, "-m", "measure.probes.host_pace", "--out", str(out), "--one", probe.name,
-                   "--blocks", blocks, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                   "--blocks", blocks, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   *(["--threads"] if args.threads else [])]
             env = child_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                              "LOCAL_RANK": "0"})
             pace_log = out / f"{probe.name}.{trial}.pace"
             with_side = args.sidecar and trial % args.sidecar_every == args.sidecar_every - 1
             side = subprocess.Popen([sys.executable, "-m", "measure.probes.host_pace", "--out", str(out),
-                                     "--pace-log", str(pace_log), "--sidecar-gap", str(args.sidecar_gap)]) \
+                                     "--pace-log", str(pace_log), "--sidecar-gap", str(args.sidecar_gap),
+                                     *(["--threads"] if args.threads else [])]) \
                 if with_side else None
             with open(out / f"{probe.name}.{trial}.log", "w") as log:
                 try:
@@ -240,8 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["trial"] = trial
                 if side is not None:
                     result["sidecar_gap_s"] = args.sidecar_gap
-                    result["sidecar"] = [[int(a), float(b)] for a, b in
-                                         (line.split() for line in pace_log.read_text().splitlines() if " " in line)]
+                    result.update(read_sidecar(pace_log.read_text(), args.threads))
                 results.append(result)
             pace_log.unlink(missing_ok=True)
             print(f"{probe.name} trial {trial}: rc {rc} in {time.monotonic() - start:.0f} s", flush=True)
