@@ -20,6 +20,7 @@ from typing import Any
 from measure.telemetry.host_pace import PACE_ITERATIONS, python_work_us
 
 LAUNCHES = 200  # tiny launches per timing: about 1.5 ms at 7-10 us each
+LAUNCH_FLOATS = 256  # the tensor each launch adds to: 1 KiB, so the launch, not the kernel, is timed
 
 
 def launch_s(x: Any, n: int = LAUNCHES) -> float:
@@ -43,7 +44,7 @@ def timer(cuda: bool) -> Callable[[], dict[str, float]]:
     if cuda:
         import torch
 
-        x = torch.zeros(256, device="cuda")
+        x = torch.zeros(LAUNCH_FLOATS, device="cuda")
 
     def once() -> dict[str, float]:
         launch = launch_s(x) if x is not None else float("nan")

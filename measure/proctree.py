@@ -19,6 +19,12 @@ _PROC = Path("/proc")
 _STOP_ROUNDS = 8
 
 
+def stat_fields(stat: str) -> list[str]:
+    """A /proc/<pid>/stat line's fields after the command name, from its third (the state) on: the name sits
+    in parentheses and may itself hold spaces or parentheses."""
+    return stat[stat.rfind(")") + 2:].split()
+
+
 def _children_table() -> dict[int, list[int]]:
     """Parent pid -> child pids, from /proc/<pid>/stat (empty where /proc is absent)."""
     table: dict[int, list[int]] = {}
@@ -31,8 +37,7 @@ def _children_table() -> dict[int, list[int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # The command name sits in parentheses and may itself hold spaces or parentheses.
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat_fields(stat)
         if len(fields) > 1:
             table.setdefault(int(fields[1]), []).append(int(entry.name))
     return table

@@ -206,7 +206,8 @@ def measure_training(
         writer.write_table("steps", pd.DataFrame(rows, columns=STEP_COLUMNS + own))
         if own:
             manifest.notes["own_pace"] = {
-                "launch": f"{own_pace.LAUNCHES} in-place adds on 256 floats, launched without waiting, per launch",
+                "launch": f"{own_pace.LAUNCHES} in-place adds on {own_pace.LAUNCH_FLOATS} floats, launched without waiting, "
+                          "per launch",
                 "work": f"{PACE_ITERATIONS} iterations of measure.telemetry.host_pace.python_work_us",
                 "where": "the main thread of every rank, just after each measured step, outside its timing",
             }

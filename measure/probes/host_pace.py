@@ -43,13 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from measure.env import apply_safe_env, child_env, host_cpu
+from measure.own_pace import LAUNCH_FLOATS, launch_s
 from measure.probes.host_phases import Probe
 from measure.probes.ranks import build_rank
+from measure.proctree import stat_fields
 from measure.telemetry.host_pace import PACE_ITERATIONS, sample_forever
 from measure.telemetry.host_pace import python_work_us as python_pace_us
 
 PACE_SAMPLE = PACE_ITERATIONS  # iterations of python_pace_us after each step (about 1 ms)
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+STAT_CPU = 36  # in a task's stat_fields (from the 3rd field on): the 39th field, the CPU it last ran on
 
 
 # The three one-GPU configurations whose committed repeats spread most (gpt1.3b-1gpu-s256: 3 runs,
@@ -91,8 +94,7 @@ def thread_stats() -> dict[int, tuple[int, int, int, int]]:
     for task in Path("/proc/self/task").iterdir():
         try:
             run, wait, slices = (int(v) for v in (task / "schedstat").read_text().split()[:3])
-            # stat's fields after the command name (which may hold spaces): the 39th field, the CPU, is 37th of them
-            cpu = int((task / "stat").read_text().rsplit(")", 1)[1].split()[36])
+            cpu = int(stat_fields((task / "stat").read_text())[STAT_CPU])
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
             continue
         out[int(task.name)] = (run, wait, slices, cpu)
@@ -149,7 +151,7 @@ def cpu_topology() -> dict[int, dict[str, Any]]:
 
 def this_cpu() -> int:
     """The CPU this thread runs on now (/proc/thread-self/stat's 39th field)."""
-    return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
+    return int(stat_fields(Path("/proc/thread-self/stat").read_text())[STAT_CPU])
 
 
 HEAP_OBJECTS = 400_000  # the sidecar's large heap: ~110 MB of small objects, far past one core's 2 MiB L2
@@ -280,20 +282,12 @@ def place(policy: str, every: set[int], pair: tuple[int, int]) -> None:
 
 
 def launch_pace_us(n: int = 400, tries: int = 3) -> float:
-    """Host microseconds per tiny CUDA op (an in-place add on 1 KiB), launched without waiting; the
-    median of `tries` runs, each after the GPU drained."""
+    """Host microseconds per tiny CUDA op (measure.own_pace.launch_s, the timing `calib measure` keeps after
+    every step), launched without waiting; the median of `tries` runs, each after the GPU drained."""
     import torch
 
-    x = torch.zeros(256, device="cuda")
-    runs = []
-    for _ in range(tries):
-        torch.cuda.synchronize()
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            x.add_(1.0)
-        runs.append((time.perf_counter_ns() - t) / 1e3 / n)
-    torch.cuda.synchronize()
-    return statistics.median(runs)
+    x = torch.zeros(LAUNCH_FLOATS, device="cuda")
+    return statistics.median(launch_s(x, n) * 1e6 for _ in range(tries))
 
 
 class _GcClock:
