@@ -7,7 +7,7 @@ script prints, per segment, how many kernels each thread launched and the host t
 Profiled host time is inflated several-fold, so the ratio between the threads is what it shows,
 not the unprofiled cost.
 
-    python benchmarks/launch_threads.py tests/data/h200-pp2-raw/device.1.json.gz
+    python benchmarks/launch_threads.py tests/data/h200-pp2-raw/device.1.json.xz
 """
 
 from __future__ import annotations
@@ -50,4 +50,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/h200-pp2-raw/device.1.json.gz")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/h200-pp2-raw/device.1.json.xz")

@@ -1,5 +1,6 @@
-"""The trainer's own pace against the step it timed: the runs measured with it (rounds 30 and 31 on H200;
-docs/host.md, "The trainer's own pace, run by run").
+"""The trainer's own pace against the step it timed: the runs measured with it (rounds 30, 31 and 33 on one H200,
+32 on two; rounds 32 and 33 on H100; docs/host.md, "The trainer's own pace, run by run" and "The trainer's own pace,
+as a factor on the host costs").
 
     python benchmarks/own_pace.py [TRACES_GPU_DIR]   (default: traces/h200)
 
@@ -10,7 +11,10 @@ typical host), its own launch pace and Python work (medians over the measured st
 main thread) and the host-pace sampler's work (a second process). Then how well each pace follows the ratio
 (r, pooled and per round: each round one lease), and what a factor on the prediction from the own launch
 pace would do: ratio = (launch / reference) ** slope fitted in log-log, scored leaving one run out, and
-fitted on one round and applied to the others (does the scale carry between leases?).
+fitted on one round and applied to the others (does the scale carry between leases?). Last, the evidence for the
+host model's factor (calib.models.host.OWN_PACE_SLOPE): per configuration, each timed run's root launch cost in the
+committed calibration of that GPU (host.runs: the cost at which its simulated step meets its measured one, for its
+own host) against its own launch pace, log against log.
 """
 
 from __future__ import annotations
@@ -130,13 +134,39 @@ def factor_lines(runs: list[PacedRun]) -> list[str]:
     return lines
 
 
+def root_lines(traces: Path, runs: list[PacedRun]) -> list[str]:
+    """Per configuration with runs on two or more rounds: slope and r of log(root launch cost) on log(own launch)."""
+    import yaml
+
+    cal = ROOT / "calib" / "data" / f"calibration-{traces.name}.yaml"
+    if not cal.exists():
+        return [f"{cal.name}: not found (no root launch costs)"]
+    roots = {r["id"]: (r["config"], r.get("launch_s")) for r in yaml.safe_load(cal.read_text())["host"]["runs"]}
+    by_config: dict[str, list[tuple[float, float, str]]] = {}
+    for x in runs:
+        config, root = roots.get(x.run, (None, None))
+        if root:
+            by_config.setdefault(config, []).append((x.own_launch_s, root, x.round))
+    lines = [f"root launch cost vs own launch pace ({cal.name}), log-log per configuration:"]
+    for config, rows in sorted(by_config.items()):
+        if len({rd for *_, rd in rows}) < 2:
+            continue
+        lx, ly = np.log(np.array([(a, b) for a, b, _ in rows])).T
+        slope = np.polyfit(lx, ly, 1)[0] if np.std(lx) > 0 else float("nan")
+        ratio = np.array([b / a for a, b, _ in rows])
+        short = "/".join(config.split("/")[:6])  # model and parallelism
+        lines.append(f"  {short:40s} {len(rows):2d} runs  slope {slope:5.2f}  r {r(lx, ly):+.2f}  root/own "
+                     f"{ratio.min():.2f}-{ratio.max():.2f}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     traces = Path(argv[0]) if argv else ROOT / "traces" / "h200"
     runs = paced_runs(traces)
     if len(runs) < 3:
         print(f"{traces}: {len(runs)} runs with the own pace and a prediction before the run; need 3")
         return 1
-    for block in (run_table(runs), correlation_lines(runs), factor_lines(runs)):
+    for block in (run_table(runs), correlation_lines(runs), factor_lines(runs), root_lines(traces, runs)):
         print("\n".join(block) + "\n")
     return 0
 

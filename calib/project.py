@@ -22,6 +22,7 @@ import pandas as pd
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
 from calib.models.clock import ClockModel, throttled
+from calib.models.host import own_pace_factor
 from calib.models.memory import MemoryModel, device_memory
 from calib.sim import BACKENDS, simulate
 from calib.sim.config import NetworkConfig, SystemConfig
@@ -150,9 +151,13 @@ def project(
     astra_sim_bin: str | None = None,
     allow_gpu_mismatch: bool = False,
     emit_astra_sim: str | Path | None = None,
+    own_launch_s: float | None = None,
 ) -> ProjectionResult:
     """Project one configuration (module docstring). `calibration` is a calib.calibration.Calibration,
-    or None for an explicitly uncalibrated run (datasheet roofline, no power model, no error band)."""
+    or None for an explicitly uncalibrated run (datasheet roofline, no power model, no error band).
+    `own_launch_s`: the host's pace as `calib measure` times it (seconds per tiny launch in the trainer's
+    thread, measure/own_pace.py); the host costs are scaled to it from the calibration's reference pace.
+    None: the reference pace."""
     t0 = time.perf_counter()
     if backend not in BACKENDS:
         raise CalibError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -185,7 +190,13 @@ def project(
     host = None
     if calibration is not None and getattr(calibration, "host", None):
         fitted_host = calibration.host_model()  # type: ignore[attr-defined]
-        host = fitted_host.on_path(par.tp, par.pp, par.ep)
+        host = fitted_host.on_path(par.tp, par.pp, par.ep).at_own_pace(own_launch_s)
+        if own_launch_s is not None and fitted_host.own_launch_ref_s is None:
+            notes.append("own launch pace given, but no run of this calibration timed it: host costs not scaled")
+        elif own_launch_s is not None:
+            calibrated.append(f"host costs at an own launch pace of {own_launch_s * 1e6:.2f} us (x"
+                              f"{own_pace_factor(own_launch_s, fitted_host.own_launch_ref_s):.3f} on the calibration's "
+                              f"{fitted_host.own_launch_ref_s * 1e6:.2f} us)")
         calibrated.append(f"host: {host.launch_s * 1e6:.1f} us per kernel launch, {host.sync_s * 1e6:.0f} us per host "
                           f"sync, {host.p2p_sync * 1e6:.0f} us per pipeline send/recv sync (host model, code path "
                           f"TP {par.tp} / PP {par.pp} / EP {par.ep})")

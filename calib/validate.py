@@ -374,7 +374,7 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
         host = cal.host_model() if getattr(cal, "host", None) else None  # type: ignore[attr-defined]
         if host is not None:
             spec = b.manifest.spec
-            host = host.on_path(spec.tp, spec.pp, spec.ep)
+            host = host.on_path(spec.tp, spec.pp, spec.ep).at_own_pace(measured_own_launch_s(b))
         if host is not None and host.replay_launch_s is not None:  # launches at the calibrated cost
             from calib.sim import simulate
             from calib.validation.replay import replay_workload

@@ -1,7 +1,7 @@
 """Pipeline-parallel conversion on real megatron-core traces.
 
-tests/data/h200-pp2-raw holds the untouched raw traces (host ET + Kineto, ranks 0 and 1) of the
-committed H200 run traces/h200/gpt6.7b-pp2-mbs2 (PP=2, 4 micro-batches). megatron-core batches
+tests/data/h200-pp2-raw holds the untouched raw traces (host ET + Kineto, ranks 0 and 1; xz since the thirty-
+eighth session, gzip before) of the committed H200 run traces/h200/gpt6.7b-pp2-mbs2 (PP=2, 4 micro-batches). megatron-core batches
 each step's send/recv (torch batch_isend_irecv): the SendRecv kernel is launched through the driver
 API (cuLaunchKernelEx, no External id) inside the "nccl:coalesced" annotation, after the
 record_param_comms calls it runs. The round 1-3 conversions lost these transfers; these tests pin
@@ -26,8 +26,8 @@ P2P = (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
 
 @pytest.fixture(scope="module")
 def conversion():
-    return convert_traces({r: RAW / f"host.{r}.json.gz" for r in (0, 1)},
-                          {r: RAW / f"device.{r}.json.gz" for r in (0, 1)})
+    return convert_traces({r: RAW / f"host.{r}.json.xz" for r in (0, 1)},
+                          {r: RAW / f"device.{r}.json.xz" for r in (0, 1)})
 
 
 def _p2p(trace):
@@ -35,7 +35,7 @@ def _p2p(trace):
 
 
 def test_driver_launch_finds_its_coalesced_annotation():
-    kt = read_kineto(RAW / "device.0.json.gz")
+    kt = read_kineto(RAW / "device.0.json.xz")
     sendrecv = [a for a in kt.gpu if a.name.startswith("ncclDevKernel_SendRecv")]
     assert sendrecv
     for act in sendrecv:

@@ -85,19 +85,24 @@ def test_measured_host_work_is_the_median_over_the_measured_steps(tmp_path: Path
     assert measured_host_work_s(read_bundle(dst), min_samples=4) is None
 
 
-def test_measured_own_launch_is_the_median_over_measured_steps_of_every_rank(tmp_path: Path) -> None:
+def test_measured_own_launch_is_the_slowest_ranks_median_over_measured_steps(tmp_path: Path) -> None:
     from calib.validation.measured import measured_own_launch_s
 
     dst = tmp_path / "b"
     shutil.copytree(TEST_DATA / "cpu-gloo-dp2", dst)
     assert measured_own_launch_s(read_bundle(dst)) is None  # a bundle from before the own pace
     steps = read_bundle(dst).table("steps")
-    launch = [9e-6 if p else 1e-6 * (1 + i % 3) for i, p in enumerate(steps["profiled"].astype(bool))]
+    assert sorted(steps["rank"].unique()) == [0, 1]
+    # Rank 1's CPU is the slower one; the profiled step's 9 us must not count.
+    launch = [9e-6 if p else 1e-6 * (1 + i % 3) * (1.5 if rank else 1.0)
+              for i, (p, rank) in enumerate(zip(steps["profiled"].astype(bool), steps["rank"], strict=True))]
     write_parquet(steps.assign(own_launch_s=launch, own_work_s=1e-3), dst / "steps.parquet")
-    measured = [v for v, p in zip(launch, steps["profiled"].astype(bool), strict=True) if not p]
+    per_rank = {r: float(np.median([v for v, p, q in zip(launch, steps["profiled"].astype(bool), steps["rank"], strict=True)
+                                    if not p and q == r])) for r in (0, 1)}
     b = read_bundle(dst)
     assert check_bundle(b) == []  # optional columns: the schema's readers are unaffected
-    assert measured_own_launch_s(b) == pytest.approx(float(np.median(measured)))  # not the profiled step's 9 us
+    assert per_rank[1] > per_rank[0]
+    assert measured_own_launch_s(b) == pytest.approx(per_rank[1])
     write_parquet(steps.assign(own_launch_s=float("nan"), own_work_s=1e-3), dst / "steps.parquet")
     assert measured_own_launch_s(read_bundle(dst)) is None  # the CPU path: nothing launched
 

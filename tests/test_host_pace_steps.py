@@ -1,4 +1,5 @@
-"""benchmarks/host_pace_steps.py on the committed bundles that carry the host's pace (round 27, one H100)."""
+"""benchmarks/host_pace_steps.py on the committed bundles that carry the host's pace (round 27, one H100; rounds 32
+and 33, two H100 leases, from the thirty-eighth session)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def runs(bench):
 
 
 def test_only_sampled_runs_are_read(runs) -> None:
-    assert runs and all(rid.endswith(("-r27", "-r27b", "-r27c")) for rid in runs)
+    assert runs and all(rid.endswith(("-r27", "-r27b", "-r27c", "-r32", "-r32b", "-r33", "-r33b")) for rid in runs)
+    assert sum(rid.endswith(("-r27", "-r27b", "-r27c")) for rid in runs) == 10
     for r in runs.values():
         assert len(r.steps_s) == 10 and np.isfinite(r.steps_work_s).all() and r.work_s > 0
 

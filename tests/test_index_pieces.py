@@ -35,7 +35,7 @@ def test_converter_shares_the_bytes_of_a_split_fill_among_its_pieces() -> None:
     from calib.convert import convert_traces
 
     raw = TEST_DATA / "h200-pp2-raw"
-    conv = convert_traces({0: raw / "host.0.json.gz"}, {0: raw / "device.0.json.gz"})
+    conv = convert_traces({0: raw / "host.0.json.xz"}, {0: raw / "device.0.json.xz"})
     k = conv.kernels
     big = k[(k["aten_op"] == "aten::fill_") & (k["dtype"] == "float32") & (k["bytes"] > 1e9)]
     assert len(big) == 2 and big["bytes"].nunique() == 1

@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
         overlap_param_gather: bool = typer.Option(False, "--overlap-param-gather", help="Overlap the distributed optimizer's parameter all-gather with forward."),
         calibration: str = typer.Option(None, "--calibration", help="Calibration file (default: calib/data/calibration-<gpu>.yaml for the cluster's GPU); 'none' for an uncalibrated datasheet roofline."),
         allow_gpu_mismatch: bool = typer.Option(False, "--allow-gpu-mismatch", help="Use a calibration fitted on another GPU model (the report lists what was transferred)."),
+        own_launch_us: float = typer.Option(None, "--own-launch-us", help="The host's pace as `calib measure` times it (microseconds per tiny launch, the bundle's own_launch_s): host costs scaled to it from the calibration's reference pace."),
         backend: str = typer.Option("analytical", "--backend", help="Simulator: analytical (embedded) or astrasim."),
         astra_sim_bin: str = typer.Option(None, "--astra-sim-bin", help="ASTRA-sim analytical binary (for --backend astrasim)."),
         emit_astra_sim: Path = typer.Option(None, "--emit-astra-sim", help="Also write per-rank ETs and ASTRA-sim inputs to this folder."),
@@ -59,6 +60,8 @@ def register(app: typer.Typer) -> None:
             check_output_folder(emit_astra_sim, "--emit-astra-sim")
         if attention not in ATTENTION:
             raise CalibError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        if own_launch_us is not None and not (own_launch_us > 0 and own_launch_us < float("inf")):
+            raise CalibError(f"--own-launch-us must be a positive number of microseconds, got {own_launch_us}")
         if seq is not None and seq < 1:
             raise CalibError(f"--seq must be a positive sequence length, got {seq}")
         spec = resolve_model(model, seq_length=seq)
@@ -82,7 +85,8 @@ def register(app: typer.Typer) -> None:
             _run_sweep(spec, gpus, par, preset, cal, allow_gpu_mismatch, sweep_max, top, json_out)
             return
         result = project(spec, par, preset, cal, backend=backend, astra_sim_bin=astra_sim_bin,
-                         allow_gpu_mismatch=allow_gpu_mismatch, emit_astra_sim=emit_astra_sim)
+                         allow_gpu_mismatch=allow_gpu_mismatch, emit_astra_sim=emit_astra_sim,
+                         own_launch_s=None if own_launch_us is None else own_launch_us * 1e-6)
         if plot is not None:
             plot_projection(result, plot)
         if json_out:

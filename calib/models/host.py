@@ -16,6 +16,11 @@ Parameters (seconds):
   path, `fitted_paths`). Fitted only where the runs took more than one path.
 - `tp_rendezvous_s`: what a blocking collective of the TP group keeps the compute stream beyond its
   transfer (calib.workload.host, "the TP rendezvous"; not scaled by the pace), fitted on the runs with TP.
+- `own_launch_ref_s`: the trainer's own launch pace (measure/own_pace.py: seconds per tiny launch, timed
+  in the trainer's main thread after every measured step) at which the costs above hold: the median
+  over the fitted runs that timed it. A run whose trainer timed its own pace has its launch and sync
+  costs (not the TP rendezvous) scaled by `own_pace_factor`: its pace over this one. None: no fitted run
+  timed it (no scaling). Projections are at this pace unless given another.
 The generator (calib.workload.generate with `host=`) puts them into the ET as ASTRA-sim CPU ops.
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
@@ -36,7 +41,9 @@ then `p2p_sync_s` at both (runs with pipeline send/recv syncs), then the pace (`
 all once more (three rounds with a pace), and last the TP rendezvous over the runs with TP (`best_rendezvous`:
 each run's step at 0 and at RENDEZVOUS_TRIAL_S, linear between; calib.workload.host has what it is). While fitting, the costs are those of the code path most
 runs took and the pace moves the others (the MAPE's valley lies along a constant cost there). Each run's root (the cost at which its own step equals the measured one) is kept in `runs`:
-informative, not what the fit uses. The error is leave-one-configuration-out: each configuration
+informative, not what the fit uses. A run that timed its own pace is fitted in the reference pace's costs:
+its step is simulated at each trial cost times its `own_pace_factor` and its caps divided by it (docs/host.md,
+"The trainer's own pace, as a factor on the host costs"). The error is leave-one-configuration-out: each configuration
 (RunSpec.key(), telemetry twins together) is simulated at the costs minimising the MAPE over the
 other configurations, found on the same simulated grid (no new simulation but the held-out step).
 """
@@ -84,6 +91,11 @@ PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
 # (the blocking collectives on its critical path; under host slack, none), and the step is taken as
 # linear in it, which the MAPE then has as a convex piecewise-linear function. The probe's steady
 # state is 10-17 us a call and the errors' first-order sizing 50-80 us (docs/host.md, "The TP rendezvous").
+# A host cost over the trainer's own launch pace, log against log: the per-run launch roots of the H200's
+# host-paced runs of three leases follow their own pace with slopes 0.66-0.84 per configuration (r 0.88-0.93),
+# 0.80-1.09 regressed the other way round; 0.75 fits no better than 1 (docs/host.md), so a host cost is taken
+# as proportional to the pace.
+OWN_PACE_SLOPE = 1.0
 RENDEZVOUS_TRIAL_S = 60e-6
 RENDEZVOUS_MAX_S = 1e-3
 
@@ -118,6 +130,8 @@ class HostModel:
     # The most micro-batches per step among the runs the rendezvous was fitted on: part of it stands for a
     # once-per-step race (docs/host.md, "The TP rendezvous"), which steps of more micro-batches over-count.
     tp_rendezvous_microbatches: int | None = None
+    # The trainer's own launch pace (seconds per tiny launch) the costs hold at; None: no fitted run timed it.
+    own_launch_ref_s: float | None = None
 
     def pace(self, path: float, replay: bool = False) -> float:
         """The factor on every host cost of a run whose code path has exponent `path`, no further than
@@ -146,6 +160,21 @@ class HostModel:
             replay_p2p_sync_s=times(self.replay_p2p_sync_s, r), pace_per_path=None,
             replay_pace_per_path=None)
 
+    def at_own_pace(self, own_launch_s: float | None) -> HostModel:
+        """The costs of a host whose trainer timed `own_launch_s` per tiny launch (measure/own_pace.py):
+        launch and sync costs, generated and replayed, times own_pace_factor; the TP rendezvous as it is."""
+        k = own_pace_factor(own_launch_s, self.own_launch_ref_s)
+        if k == 1.0:
+            return self
+
+        def times(x: float | None) -> float | None:
+            return None if x is None else x * k
+
+        return dataclasses.replace(
+            self, launch_s=self.launch_s * k, sync_s=self.sync_s * k, p2p_sync_s=times(self.p2p_sync_s),
+            replay_launch_s=times(self.replay_launch_s), replay_sync_s=times(self.replay_sync_s),
+            replay_p2p_sync_s=times(self.replay_p2p_sync_s))
+
     @property
     def replay_sync(self) -> float:
         """The sync cost replays use: their own fit where there is one, else the generated fit's."""
@@ -172,6 +201,7 @@ class HostModel:
             "tp_rendezvous_s": None if self.tp_rendezvous_s is None else float(self.tp_rendezvous_s),
             "replay_tp_rendezvous_s": None if self.replay_tp_rendezvous_s is None else float(self.replay_tp_rendezvous_s),
             "tp_rendezvous_microbatches": self.tp_rendezvous_microbatches,
+            "own_launch_ref_s": None if self.own_launch_ref_s is None else float(self.own_launch_ref_s),
             "path_weights": dict(PATH_WEIGHTS),  # what the pace was fitted with (checked on reading)
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
@@ -214,14 +244,33 @@ class HostModel:
         most = data.get("tp_rendezvous_microbatches")
         if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
             raise CalibError(f"calibration host section: tp_rendezvous_microbatches {most!r} must be a positive integer")
+        ref = _optional_cost(data, "own_launch_ref_s")
+        if ref is not None and ref <= 0:
+            raise CalibError(f"calibration host section: own_launch_ref_s {ref} must be > 0 (seconds per launch)")
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
                    dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, paths, rendezvous, rrendezvous,
-                   most)
+                   most, ref)
 
 
 def path_pace(per_path: float, path: float) -> float:
     """The factor on a host cost of a run whose code path has exponent `path` (1 at one GPU)."""
     return float(per_path) ** float(path)
+
+
+def own_pace_factor(own_launch_s: float | None, ref_s: float | None) -> float:
+    """The factor on the host costs of a run whose trainer timed `own_launch_s` per tiny launch, against the
+    calibration's reference pace `ref_s` ((own / ref) ** OWN_PACE_SLOPE); 1 where either is unknown."""
+    if own_launch_s is None or ref_s is None:
+        return 1.0
+    if not (math.isfinite(own_launch_s) and own_launch_s > 0):
+        raise CalibError(f"own launch pace {own_launch_s!r} s must be a positive number")
+    return float((own_launch_s / ref_s) ** OWN_PACE_SLOPE)
+
+
+def own_pace_reference(bundles: Sequence[Any]) -> float | None:
+    """The reference own launch pace of a fit: the median over the bundles whose trainer timed it (None: none did)."""
+    timed = [t for t in (_own_launch(b) for b in bundles) if t is not None]
+    return float(np.median(timed)) if timed else None
 
 
 def _relative_pace(per_path: float, path: float, ref: float) -> float:
@@ -268,10 +317,12 @@ class _Run:
     # Per rank class: (launches, device-to-host sync points, pipeline sync points) of one step.
     host_work: tuple[tuple[int, int, int], ...] = ()
     path: float = 0.0  # the run's parallel code path (path_exponent)
-    # The slowest measured step of this run's configuration (fit_runs sets it; 0: this run's own).
+    # The slowest measured step of this run's configuration, each over its own_pace (fit_runs sets it; 0: this
+    # run's own).
     bound_s: float = 0.0
     tp: int = 1  # tensor-parallel degree: a run over 1 has TP rendezvous
     microbatches: int = 1  # per step
+    own_pace: float = 1.0  # own_pace_factor of the run: `step` takes reference-pace costs and scales them by it
 
     def cap(self, which: int) -> float:
         """The largest value of cost `which` (0 launch, 1 sync, 2 pipeline sync) that the hosts of this
@@ -280,8 +331,19 @@ class _Run:
         came from, and one fast host's repeat would bound them all at its own pace (docs/host.md, "One
         fast host's repeat pins the pace"). Each cost is bounded alone, not jointly: a joint bound would
         let whichever cost is fitted first take the whole step and leave the others none (inf: no bound)."""
-        step = max(self.measured_s, self.bound_s)
+        step = max(self.measured_s / self.own_pace, self.bound_s)  # in the reference pace's seconds
         return min((step / w[which] for w in self.host_work if w[which]), default=float("inf"))
+
+    def at_own_pace(self, factor: float) -> _Run:
+        """This run with its step taking reference-pace costs: launch and sync costs times `factor`."""
+        if factor == 1.0:
+            return self
+        step = self.step
+
+        def scaled(launch_s: float, sync_s: float, p2p_s: float, *rendezvous: float) -> float:
+            return step(launch_s * factor, sync_s * factor, p2p_s * factor, *rendezvous)
+
+        return dataclasses.replace(self, step=scaled, own_pace=factor)
 
 
 def solve(step: Callable[[float], float], target: float, hi: float, lo: float = 0.0) -> float:
@@ -473,7 +535,7 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
         raise CalibError("host model: no training bundles to fit on")
     slowest: dict[str, float] = {}
     for r in runs:
-        slowest[r.key] = max(slowest.get(r.key, 0.0), r.measured_s)
+        slowest[r.key] = max(slowest.get(r.key, 0.0), r.measured_s / r.own_pace)
     runs = [dataclasses.replace(r, bound_s=slowest[r.key]) for r in runs]
     measured = [r.measured_s for r in runs]
     synced = [r for r in runs if r.syncs]
@@ -559,9 +621,11 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
             held_meas.append(r.measured_s)
         per_run.append({
             # roots: the cost this run's own host needed (informative)
-            "id": r.id, "config": r.key, "measured_s": r.measured_s, "path": r.path, "launch_s": lc.roots[i] * k(r),
-            "sync_s": sc.roots[j] * k(r) if sc is not None and j is not None else None, "syncs": r.syncs,
-            "p2p_sync_s": pc.roots[q] * k(r) if pc is not None and q is not None else None, "p2p_syncs": r.p2p_syncs,
+            "id": r.id, "config": r.key, "measured_s": r.measured_s, "path": r.path,
+            "launch_s": lc.roots[i] * k(r) * r.own_pace,
+            "sync_s": sc.roots[j] * k(r) * r.own_pace if sc is not None and j is not None else None, "syncs": r.syncs,
+            "p2p_sync_s": pc.roots[q] * k(r) * r.own_pace if pc is not None and q is not None else None,
+            "p2p_syncs": r.p2p_syncs, "own_pace": r.own_pace,
             "tp_rendezvous_s": rdv_roots.get(r.id),
             "heldout_step_s": heldout,
             "fitted_step_s": at(r, launch_s * k(r), sync_s * k(r), p2p_s * k(r), rendezvous),
@@ -745,9 +809,28 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
+    ref = own_pace_reference(chosen)
     with _collector_paused():
-        runs = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
-        return fit_runs(runs, cross_validate)
+        runs = [prepare_run(b, kernel_model, calibration_without_host).at_own_pace(_own_pace_of(b, ref)) for b in chosen]
+        model, err = fit_runs(runs, cross_validate)
+    model.own_launch_ref_s = ref
+    timed = [b.id for b in chosen if _own_launch(b) is not None]
+    model.provenance["host.own_launch_ref_s"] = (
+        f"calibrated: the median own launch pace of the {len(timed)} fitted runs whose trainer timed it "
+        f"({_short(timed)}); their launch and sync costs were fitted as these costs times (own pace / it)"
+        f"^{OWN_PACE_SLOPE:g}" if ref is not None else
+        "not calibrated: no fitted run timed its trainer's own pace (costs not scaled by it)")
+    return model, err
+
+
+def _own_launch(bundle: Any) -> float | None:
+    from calib.validation.measured import measured_own_launch_s
+
+    return measured_own_launch_s(bundle)
+
+
+def _own_pace_of(bundle: Any, ref: float | None) -> float:
+    return own_pace_factor(_own_launch(bundle), ref)
 
 
 @contextlib.contextmanager
@@ -816,7 +899,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         if b.manifest.kind != "training" or not is_real_gpu(b) or b.manifest.spec is None or not b.et_files():
             continue
         try:
-            runs.append(replay_run(b, calibration, host.sync_s))
+            runs.append(replay_run(b, calibration, host.sync_s).at_own_pace(_own_pace_of(b, host.own_launch_ref_s)))
         except CalibError as exc:  # a run that cannot be replayed (PP without send/recv) has no say
             skipped.append(f"{b.id}: {exc}")
     if not runs:

@@ -84,9 +84,12 @@ def replay_network(bundle: Bundle, calibration: object) -> tuple[object, object]
 def predict(bundle: Bundle, calibration: object) -> Prediction:
     """Generate the run's step from its spec with this calibration, simulate it, return step time etc."""
     from calib.project import project
+    from calib.validation.measured import measured_own_launch_s
 
     spec = bundle.manifest.spec
-    result = project(model_of(spec), parallel_of(spec), host_cluster(bundle), calibration)
+    # At the run's own host pace where its trainer timed it (calib.models.host, own_launch_ref_s).
+    result = project(model_of(spec), parallel_of(spec), host_cluster(bundle), calibration,
+                     own_launch_s=measured_own_launch_s(bundle))
     data = result.to_json() if hasattr(result, "to_json") else dict(result)
     breakdown = {str(k): float(v) for k, v in (data.get("breakdown_s") or {}).items()}
     energy = data.get("energy_j_per_step")

@@ -71,18 +71,19 @@ def measured_host_work_s(bundle: Bundle, min_samples: int = 3) -> float | None:
 
 
 def measured_own_launch_s(bundle: Bundle) -> float | None:
-    """Median seconds per tiny launch the trainer timed in its own main thread just after each measured,
-    unprofiled step (steps.parquet's own_launch_s, measure/own_pace.py), over every rank: how fast the
-    launching threads' CPUs were while the step time was taken (larger is slower). None where the bundle
-    has no such column or no finite value in it."""
+    """Seconds per tiny launch the trainer timed in its own main thread just after each measured,
+    unprofiled step (steps.parquet's own_launch_s, measure/own_pace.py): each rank's median, then the
+    slowest rank's (larger is slower). The ranks of a step wait for each other at its collectives, so a
+    host-paced step goes at its slowest launching thread's pace, and two ranks' CPUs can differ by a
+    quarter (traces/h100/*-s256-r32). None where the bundle has no such column or no finite value in it."""
     if not bundle.has("steps"):
         return None
     steps = bundle.table("steps")
     if "own_launch_s" not in steps.columns:
         return None
-    values = steps.loc[~steps["profiled"].astype(bool), "own_launch_s"].to_numpy(dtype=float)
-    values = values[np.isfinite(values)]
-    return float(np.median(values)) if len(values) else None
+    timed = steps.loc[~steps["profiled"].astype(bool), ["rank", "own_launch_s"]]
+    timed = timed[np.isfinite(timed["own_launch_s"].to_numpy(dtype=float))]
+    return float(timed.groupby("rank")["own_launch_s"].median().max()) if len(timed) else None
 
 
 def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:

@@ -409,6 +409,15 @@ ROUND30 = [*repeats(ROUND27_BASE, "r30"), *repeats(ROUND27_BASE, "r30b")]
 # (_campaigns/x1-round31/predictions.json, by the same calibration as round 30's).
 ROUND31 = [*repeats(ROUND27_BASE, "r31"), *repeats(ROUND27_BASE, "r31b")]
 
+# Round 32 (thirty-eighth session, 2 x H200): the host-paced two-GPU configurations (TP, TP with sequence
+# parallelism, EP with DP) twice each, interleaved, with the trainer's own pace after every step (and the barrier
+# across ranks it takes): the first multi-GPU runs that time it, for a host-cost factor beyond one GPU
+# (docs/host.md, "The trainer's own pace, run by run"). Predicted before the call (_campaigns/x2-round32/predictions.json).
+ROUND32_BASE = ["llama8b-tp2-s256", "mixtral-tp2-sp-s256", "mixtral-ep2-s256"]
+ROUND32 = [*repeats(ROUND32_BASE, "r32"), *repeats(ROUND32_BASE, "r32b")]
+# Round 33 (one H200): rounds 30 and 31 on a third lease (_campaigns/x1-round33/predictions.json).
+ROUND33 = [*repeats(ROUND27_BASE, "r33"), *repeats(ROUND27_BASE, "r33b")]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -507,6 +516,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND29]
     jobs += [t(r) for r in ROUND30]
     jobs += [t(r) for r in ROUND31]
+    jobs += [t(r) for r in ROUND32]
+    jobs += [t(r) for r in ROUND33]
     return jobs
 
 
