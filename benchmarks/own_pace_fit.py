@@ -31,7 +31,7 @@ def fit(gpu: str, scaled: bool, slope: float | None = None) -> tuple[object, dic
     if scaled:
         with mock.patch.object(host, "OWN_PACE_SLOPE", host.OWN_PACE_SLOPE if slope is None else slope):
             return host.fit_host(bundles, cal.kernel_model(), cal)
-    with mock.patch.object(host, "own_pace_reference", lambda _bundles: None):
+    with mock.patch.object(host, "own_pace_reference", lambda _paces: None):
         return host.fit_host(bundles, cal.kernel_model(), cal)
 
 
@@ -54,9 +54,9 @@ def main(argv: list[str]) -> int:
     print(f"{gpu}: {len(every)} training runs, {len(timed)} of them timed their own pace")
     for name, (model, err) in fits.items():
         ref = model.own_launch_ref_s
-        parts = {"all": every, "timed": timed & every, "others": every - timed}
-        stats = "  ".join(f"{k} {np.mean(np.abs(list(errors(model, v).values()))):.2f} % "
-                          f"(max {np.max(np.abs(list(errors(model, v).values()))):.1f})" for k, v in parts.items())
+        parts = {k: np.abs(list(errors(model, v).values()))
+                 for k, v in (("all", every), ("timed", timed & every), ("others", every - timed))}
+        stats = "  ".join(f"{k} {e.mean():.2f} % (max {e.max():.1f})" for k, e in parts.items())
         print(f"{name:16s} launch {model.launch_s * 1e6:.1f} us, sync {model.sync_s * 1e6:.0f} us, reference "
               f"{'-' if ref is None else f'{ref * 1e6:.2f} us'}; held out: {stats}  [fit's own: {err['mape']:.2f} %]")
     with_f, without = (errors(m, timed) for m, _ in fits.values())

@@ -54,7 +54,7 @@ import contextlib
 import dataclasses
 import gc
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,9 +267,9 @@ def own_pace_factor(own_launch_s: float | None, ref_s: float | None) -> float:
     return float((own_launch_s / ref_s) ** OWN_PACE_SLOPE)
 
 
-def own_pace_reference(bundles: Sequence[Any]) -> float | None:
-    """The reference own launch pace of a fit: the median over the bundles whose trainer timed it (None: none did)."""
-    timed = [t for t in (_own_launch(b) for b in bundles) if t is not None]
+def own_pace_reference(paces: Iterable[float | None]) -> float | None:
+    """The reference own launch pace of a fit: the median of the fitted runs' timed paces (None: none timed it)."""
+    timed = [t for t in paces if t is not None]
     return float(np.median(timed)) if timed else None
 
 
@@ -804,17 +804,19 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
              cross_validate: bool = True) -> tuple[HostModel, dict]:
     """Fit the host model on the training bundles among `bundles` (real GPU runs only); return it and
     its cross-validated step-time error {mape, max, count, method} (percent; {} without `cross_validate`)."""
-    from calib.validation.measured import is_real_gpu
+    from calib.validation.measured import is_real_gpu, measured_own_launch_s
 
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
-    ref = own_pace_reference(chosen)
+    paces = [measured_own_launch_s(b) for b in chosen]  # read once: each reads the bundle's steps table
+    ref = own_pace_reference(paces)
     with _collector_paused():
-        runs = [prepare_run(b, kernel_model, calibration_without_host).at_own_pace(_own_pace_of(b, ref)) for b in chosen]
+        runs = [prepare_run(b, kernel_model, calibration_without_host).at_own_pace(own_pace_factor(t, ref))
+                for b, t in zip(chosen, paces, strict=True)]
         model, err = fit_runs(runs, cross_validate)
     model.own_launch_ref_s = ref
-    timed = [b.id for b in chosen if _own_launch(b) is not None]
+    timed = [b.id for b, t in zip(chosen, paces, strict=True) if t is not None]
     model.provenance["host.own_launch_ref_s"] = (
         f"calibrated: the median own launch pace of the {len(timed)} fitted runs whose trainer timed it "
         f"({_short(timed)}); their launch and sync costs were fitted as these costs times (own pace / it)"
@@ -822,15 +824,6 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
         "not calibrated: no fitted run timed its trainer's own pace (costs not scaled by it)")
     return model, err
 
-
-def _own_launch(bundle: Any) -> float | None:
-    from calib.validation.measured import measured_own_launch_s
-
-    return measured_own_launch_s(bundle)
-
-
-def _own_pace_of(bundle: Any, ref: float | None) -> float:
-    return own_pace_factor(_own_launch(bundle), ref)
 
 
 @contextlib.contextmanager
@@ -891,7 +884,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
     `launch_s` (per generated launch) is not the cost of one real launch. Fitted with its own sync
     cost (`replay_sync_s`) exactly like `launch_s` and `sync_s` (fit_runs on the replays), with its
     leave-one-configuration-out error. Returns a copy of `host` with both set."""
-    from calib.validation.measured import is_real_gpu
+    from calib.validation.measured import is_real_gpu, measured_own_launch_s
 
     runs = []
     skipped = []
@@ -899,7 +892,8 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         if b.manifest.kind != "training" or not is_real_gpu(b) or b.manifest.spec is None or not b.et_files():
             continue
         try:
-            runs.append(replay_run(b, calibration, host.sync_s).at_own_pace(_own_pace_of(b, host.own_launch_ref_s)))
+            pace = own_pace_factor(measured_own_launch_s(b), host.own_launch_ref_s)
+            runs.append(replay_run(b, calibration, host.sync_s).at_own_pace(pace))
         except CalibError as exc:  # a run that cannot be replayed (PP without send/recv) has no say
             skipped.append(f"{b.id}: {exc}")
     if not runs:

@@ -178,8 +178,10 @@ HOST_PACE_TEXT = ("Runs measured with the host's pace beside them (`calib measur
                   "host_pace.py); own launch = the median time per tiny CUDA launch timed in the trainer's own "
                   "thread just after each measured step (measure/own_pace.py; from round 30 on). Larger is a "
                   "slower host. A step that waits for the host moves with its launching threads' CPUs, which "
-                  "on the H200 hosts the second process does not see and the own launch timing does. No model "
-                  "uses either yet: they say which errors the host's pace on the day can explain.")
+                  "on the H200 hosts the second process does not see and the own launch timing does. The host "
+                  "model scales a timed run's launch and sync costs by its own launch pace (calib.models.host, "
+                  "own_launch_ref_s); host work is informative only: it says which errors the host's pace on "
+                  "the day can explain.")
 HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "own launch us", "held-out error",
                   "replay error")
 
