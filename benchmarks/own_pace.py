@@ -62,9 +62,9 @@ def paced_runs(traces: Path) -> list[PacedRun]:
         if launch is None:
             continue
         steps = b.table("steps")
-        work = steps.loc[~steps["profiled"].astype(bool), "own_work_s"].to_numpy(dtype=float)
-        out.append(PacedRun(rid, rnd, measured_step(b).time_s, pred, launch, float(np.nanmedian(work)),
-                            measured_host_work_s(b)))
+        # The slowest rank's median, as measured_own_launch_s takes the launches (and traces/README.md's tables).
+        work = steps.loc[~steps["profiled"].astype(bool)].groupby("rank")["own_work_s"].median().max()
+        out.append(PacedRun(rid, rnd, measured_step(b).time_s, pred, launch, float(work), measured_host_work_s(b)))
     return out
 
 
