@@ -12,8 +12,8 @@ calibration's kernel model, as calib.models.host.prepare_run builds it):
   and the kernel model on the profiled kernels' own records (kernels.parquet), which separates the
   templates' share of the difference from the kernel model's;
 - the same per op_class and per aten_op, sorted by the largest deviation;
-- host sync points: the profiled step's device-to-host copies (what a replay syncs on, besides
-  sends/receives) against the generated step's sync points at ops (GeneratedStep.sync_points).
+- device-to-host copies: the profiled step's against the generated step's (GeneratedStep.device_to_host_copies;
+  the host waits once per MoE routing's copies and once per scalar read, in both: docs/host.md).
 
     python benchmarks/gen_vs_profile.py [BUNDLE_DIRS...] [--calibration FILE] [--out DIR] [--top N]
 
@@ -51,8 +51,8 @@ class StageCompare:
     ops: pd.DataFrame  # op_class, aten_op, prof_n, prof_s, gen_n, gen_s, model_prof_s
     prof_comm: int  # collectives, sends and receives in the profiled ET
     gen_comm: int
-    prof_dtoh: int = 0  # device-to-host copies in the profiled ET (host sync points of a replay)
-    gen_syncs: int = 0  # the generated step's host sync points at ops (calib.workload.host.SYNC_AFTER)
+    prof_dtoh: int = 0  # device-to-host copies in the profiled ET
+    gen_syncs: int = 0  # the generated step's device-to-host copies (calib.workload.host.SYNC_AFTER ops' kernels)
 
     def summary(self) -> dict:
         o = self.ops
@@ -93,7 +93,7 @@ def profiled_ops(bundle, rank: int) -> tuple[pd.DataFrame, int, int]:
     for n in read_et(path).nodes:
         if n.is_cpu_op:
             continue
-        dtoh += n.type == NodeType.COMP_NODE and "DtoH" in n.name  # as calib.workload.host.converted_sync_points
+        dtoh += n.type == NodeType.COMP_NODE and "DtoH" in n.name
         if n.type == NodeType.COMP_NODE and n.name.startswith("nccl"):
             comm += 1  # a pipeline send/recv kernel the converter left as a compute node (PP bundles' missing P2P)
         elif n.type == NodeType.COMP_NODE:
@@ -164,7 +164,7 @@ def compare_bundle(bundle, calibration) -> list[StageCompare]:
         ops = ops.fillna(0.0)
         ops["dev_n"] = ops.gen_n - ops.prof_n
         ops["dev_s"] = ops.gen_s - ops.prof_s
-        out.append(StageCompare(bundle.id, stage, rank, ops, pcomm, gcomm, dtoh, gen.sync_points(stage)))
+        out.append(StageCompare(bundle.id, stage, rank, ops, pcomm, gcomm, dtoh, gen.device_to_host_copies(stage)))
     return out
 
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ops = pd.concat([s.ops.assign(run=s.run, stage=s.stage) for s in stages], ignore_index=True)
     t = Table(title="generated vs profiled step (per stage's rank; GPU ms of compute kernels)")
     for c in ("run", "stage", "launches prof", "gen", "dev %", "w/o memsets", "GPU ms prof", "gen", "model(prof)", "dev %",
-              "gemm prof/gen", "memory prof/gen", "DtoH prof/syncs gen"):
+              "gemm prof/gen", "memory prof/gen", "DtoH prof/gen"):
         t.add_column(c, justify="left" if c == "run" else "right")
     for r in runs.itertuples():
         t.add_row(r.run, str(r.stage), str(r.prof_launches), str(r.gen_launches), f"{r.launch_dev_pct:+.1f}", f"{r.launch_dev_no_memset_pct:+.1f}",
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(without cuBLAS memsets: {runs.launch_dev_no_memset_pct.abs().mean():.1f}%, "
                   f"{runs.launch_dev_no_memset_pct.abs().max():.1f}%); "
                   f"GPU time: mean |dev| {runs.gpu_dev_pct.abs().mean():.1f}%, max {runs.gpu_dev_pct.abs().max():.1f}%; "
-                  f"host syncs equal to the profiled DtoH copies in {int((runs.prof_dtoh == runs.gen_syncs).sum())} of {len(runs)}")
+                  f"device-to-host copies equal to the profiled ones in {int((runs.prof_dtoh == runs.gen_syncs).sum())} of {len(runs)}")
     for s in stages:
         o = s.ops.reindex(s.ops.dev_s.abs().sort_values(ascending=False).index).head(args.top)
         parts = [f"{r.aten_op} {int(r.prof_n)}->{int(r.gen_n)} ({1e3 * r.prof_s:.2f}->{1e3 * r.gen_s:.2f} ms)"

@@ -131,23 +131,31 @@ def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
     """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles."""
     frames, used = [], []
     for b in bundles:
-        if b.manifest.kind not in ("kernels", "training") or not b.has("kernels"):
-            continue
-        df = b.table("kernels")
-        if df.empty:
-            continue
-        keep = df["op_class"].astype(str).isin(OP_CLASSES) & ~df["name"].astype(str).str.startswith("nccl")
-        keep &= pd.to_numeric(df["time_s"], errors="coerce") > 0
-        df = df[keep]
-        if not df.empty:
-            # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
-            # that floor apart from the profiled steps' (back-to-back kernels).
-            bench = b.manifest.kind == "kernels"
-            df = df if bench else embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
-            frames.append((df if bench else shared_pieces(df)).assign(
-                bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench)))
+        df = b.derived("kernel_rows", lambda b=b: _kernel_frame(b))
+        if df is not None:
+            frames.append(df)
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
+
+
+def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
+    """One bundle's rows of `kernel_rows`, or None where it has none."""
+    if b.manifest.kind not in ("kernels", "training") or not b.has("kernels"):
+        return None
+    df = b.table("kernels")
+    if df.empty:
+        return None
+    keep = df["op_class"].astype(str).isin(OP_CLASSES) & ~df["name"].astype(str).str.startswith("nccl")
+    keep &= pd.to_numeric(df["time_s"], errors="coerce") > 0
+    df = df[keep]
+    if df.empty:
+        return None
+    # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
+    # that floor apart from the profiled steps' (back-to-back kernels).
+    bench = b.manifest.kind == "kernels"
+    df = df if bench else embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
+    return (df if bench else shared_pieces(df)).assign(
+        bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench))
 
 
 def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -445,41 +453,48 @@ def collective_points(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, pd.DataF
     training call's member ranks make one point (calib.models.network_points)."""
     micro, train = [], []
     for b in bundles:
-        if not b.has("collectives"):
-            continue
-        df = b.table("collectives")
-        if df.empty:
-            continue
-        # The transfer part (the member that arrived last, so waited least) is what the simulator
-        # needs: waiting for late peers comes out of its dependencies. time_s where it is missing.
-        t = pd.to_numeric(df["time_s"], errors="coerce")
-        if "transfer_s" in df.columns:
-            tr = pd.to_numeric(df["transfer_s"], errors="coerce")
-            t = tr.where(tr > 0, t)
-        ok = (t > 0) & (pd.to_numeric(df["group_size"], errors="coerce") > 1) & (pd.to_numeric(df["bytes"], errors="coerce") > 0)
-        kinds = [_kind_or_none(k) for k in df["kind"]]
-        ok &= pd.Series([k is not None for k in kinds], index=df.index)  # barriers etc. carry no data
-        df = df[ok]
-        if df.empty:
-            continue
-        out = pd.DataFrame({
-            "kind": [k for k, keep in zip(kinds, ok, strict=True) if keep],
-            "group_size": df["group_size"].astype(int).to_numpy(),
-            "bytes": df["bytes"].astype(float).to_numpy(),
-            "time_s": t[ok].astype(float).to_numpy(),
-            "bundle": b.id,
-            "events": b.manifest.kind == "collectives" and timed_by_events(b),
-            "loop": b.manifest.kind == "collectives" and timed_by_events(b) and timed_in_loop(b),
-        })
-        out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
-        if b.manifest.kind != "collectives":  # one point per NCCL call, not per member rank
-            for col in INSTANCE_KEY:
-                if col in df.columns:
-                    out[col] = df[col].to_numpy()
-            out = merge_instances(out)
-        (micro if b.manifest.kind == "collectives" else train).append(out)
+        out = b.derived("collective_points", lambda b=b: _collective_frame(b))
+        if out is not None:
+            (micro if b.manifest.kind == "collectives" else train).append(out)
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return cat(micro), cat(train)
+
+
+def _collective_frame(b: Bundle) -> pd.DataFrame | None:
+    """One bundle's points of `collective_points`, or None where it has none."""
+    if not b.has("collectives"):
+        return None
+    df = b.table("collectives")
+    if df.empty:
+        return None
+    # The transfer part (the member that arrived last, so waited least) is what the simulator
+    # needs: waiting for late peers comes out of its dependencies. time_s where it is missing.
+    t = pd.to_numeric(df["time_s"], errors="coerce")
+    if "transfer_s" in df.columns:
+        tr = pd.to_numeric(df["transfer_s"], errors="coerce")
+        t = tr.where(tr > 0, t)
+    ok = (t > 0) & (pd.to_numeric(df["group_size"], errors="coerce") > 1) & (pd.to_numeric(df["bytes"], errors="coerce") > 0)
+    kinds = [_kind_or_none(k) for k in df["kind"]]
+    ok &= pd.Series([k is not None for k in kinds], index=df.index)  # barriers etc. carry no data
+    df = df[ok]
+    if df.empty:
+        return None
+    out = pd.DataFrame({
+        "kind": [k for k, keep in zip(kinds, ok, strict=True) if keep],
+        "group_size": df["group_size"].astype(int).to_numpy(),
+        "bytes": df["bytes"].astype(float).to_numpy(),
+        "time_s": t[ok].astype(float).to_numpy(),
+        "bundle": b.id,
+        "events": b.manifest.kind == "collectives" and timed_by_events(b),
+        "loop": b.manifest.kind == "collectives" and timed_by_events(b) and timed_in_loop(b),
+    })
+    out["domain"] = [_domain(b, int(n)) for n in out["group_size"]]
+    if b.manifest.kind != "collectives":  # one point per NCCL call, not per member rank
+        for col in INSTANCE_KEY:
+            if col in df.columns:
+                out[col] = df[col].to_numpy()
+        out = merge_instances(out)
+    return out
 
 
 def _series_points(micro: pd.DataFrame, train: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:

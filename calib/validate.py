@@ -99,10 +99,22 @@ def _mean_busy_s(result: object) -> dict[str, float]:
 # --- held-out: one configuration left out, fitted on the rest (runs in worker processes) ----------
 
 
+# The bundles a process has read for its held-out fits, by path: each fit takes nearly all of them, and a
+# bundle read once keeps its tables and the points derived from them (Bundle.derived) for the next fit,
+# which took a third of a held-out fit's time (benchmarks/heldout_fit.py). Emptied by run_validation.
+_READ: dict[str, Bundle] = {}
+
+
+def _read_once(path: str) -> Bundle:
+    if path not in _READ:
+        _READ[path] = read_bundle(path)
+    return _READ[path]
+
+
 def _heldout_group(key: str, group_paths: list[str], other_paths: list[str]) -> dict:
     """Fit on `other_paths`, rebuild the left-out configuration, and score the per-model errors."""
-    group = [read_bundle(p) for p in group_paths]
-    others = [read_bundle(p) for p in other_paths]
+    group = [_read_once(p) for p in group_paths]
+    others = [_read_once(p) for p in other_paths]
     out: dict = {"key": key, "fitted_on": [b.id for b in others], "predictions": {}, "note": "",
                  "kernel": [], "kernel_time_s": [0.0, 0.0], "collective": [], "energy": [], "model_notes": []}
     try:
@@ -245,6 +257,7 @@ def run_validation(
     `cache`: reuse and keep held-out results (calib.validation.cache; keyed by code and bundles)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
+    _READ.clear()  # a bundle may have changed since an earlier validation in this process
     if bundle_paths:
         bundles = load_bundles(list(bundle_paths))
     else:  # the committed traces/; absent in an installed copy, which then has nothing to validate
@@ -309,6 +322,7 @@ def run_validation(
     )
     report.violations = violations(summary, thresholds)
     report.wall_s = time.perf_counter() - t0
+    _READ.clear()
     if out_dir is not None:
         from calib.validation.report import write_reports
 

@@ -112,6 +112,10 @@ class _WithoutFlops:
         t = self._bundle.table(name)  # type: ignore[attr-defined]
         return t.drop(columns=["flops"]) if name == "kernels" else t
 
+    def derived(self, key: object, compute: object) -> object:
+        """Computed from this view's tables, never the wrapped bundle's points (Bundle.derived)."""
+        return compute()  # type: ignore[operator]
+
 
 def test_power_fits_the_flop_term_only_on_runs_with_flops() -> None:
     """The FLOP term says which runs it was fitted on; without FLOPs it is 0 and said to be not fitted."""

@@ -556,3 +556,33 @@ def test_pace_held_where_the_bounds_leave_one_value() -> None:
     loose = Run("l", "L", 0.2, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), path=2.0)
     search = _PaceSearch([tight, loose], 0.0, (50e-6, 0.0, 0.0))
     assert search.fit() == 1.0 and search.heldout() == {"L": 1.0, "T": 1.0}
+
+
+def _copy(nid: int, aten: str = "aten::copy_") -> Node:
+    """A converted ET's device-to-host copy (a routing count, or with `aten` a scalar read)."""
+    attrs = [Attr("is_cpu_op", False), Attr("duration_ns", 2_000, "uint64_val"), Attr("aten_op", aten, "string_val")]
+    return Node(nid, "Memcpy DtoH (Device -> Pinned)", NodeType.COMP_NODE, attrs=attrs)
+
+
+def test_a_routings_copies_are_one_wait_in_a_converted_et() -> None:
+    """Copies within ROUTING_GROUP_NODES of each other with no collective between are one routing: the host
+    waits once, for the last; copies farther apart, or across a collective, are routings of their own; the
+    scalar reads each wait (megatron-core 0.19's alltoall dispatcher, docs/host.md "One wait per routing")."""
+    from calib.workload.host import ROUTING_GROUP_NODES, converted_sync_points, routing_copy_groups
+
+    nodes = [_gpu(0, 1_000), _copy(1), _gpu(2, 1_000), _copy(3), _copy(4), _gpu(5, 1_000)]
+    nodes += [_gpu(6 + i, 1_000) for i in range(ROUTING_GROUP_NODES)]
+    far = 6 + ROUTING_GROUP_NODES
+    nodes += [_copy(far), _copy(far + 1)]
+    coll = _gpu(far + 2, 5_000)
+    coll.type = NodeType.COMM_COLL_NODE
+    nodes += [coll, _copy(far + 3), _copy(far + 4, "aten::_local_scalar_dense"), _copy(far + 5, "aten::_local_scalar_dense"),
+              _gpu(far + 6, 1_000)]
+    for n in nodes:
+        n.ctrl_deps = []
+    assert routing_copy_groups(nodes) == [[1, 3, 4], [far, far + 1], [far + 3]]
+    trace = ExecutionTrace(nodes=nodes)
+    assert converted_sync_points(trace) == {4, far + 1, far + 3, far + 4, far + 5}
+    # The host launches every copy but waits once per routing: the GPU idles for one sync cost there.
+    out = add_host(trace, 1e-6, 100e-6, sync=converted_sync_points(trace))
+    assert count_host(out) == (len(nodes), 5)

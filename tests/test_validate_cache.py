@@ -117,3 +117,24 @@ def test_code_digest_covers_the_model_code_but_not_the_report_writer(monkeypatch
     (pkg / "models/kernel.py").write_text("x = 2\n")
     assert digest() != base
     cache.code_digest.cache_clear()
+
+
+def test_a_process_reads_a_bundle_once_and_derives_its_points_once(root: Path) -> None:
+    """Held-out fits in one process share the bundles they read and the points derived from each
+    (calib.validate._read_once, Bundle.derived); a new validation reads them again, since a bundle may have
+    changed in between."""
+    from unittest import mock
+
+    from calib import fit, validate
+
+    path = str(next(p for p in sorted(root.iterdir()) if (p / "kernels.parquet").is_file()))
+    validate._READ.clear()
+    b = validate._read_once(path)
+    assert validate._read_once(path) is b
+    with mock.patch.object(fit, "_kernel_frame", wraps=fit._kernel_frame) as frame:
+        first, _ = fit.kernel_rows([b])
+        again, _ = fit.kernel_rows([validate._read_once(path)])
+    assert frame.call_count == 1 and first.equals(again)
+    assert b.derived("k", lambda: 1) == 1 and b.derived("k", lambda: 2) == 1  # computed once per key
+    _heldout(root)
+    assert validate._READ == {}  # emptied when a validation ends (and when one starts)

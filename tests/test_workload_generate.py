@@ -354,27 +354,33 @@ def test_generated_step_matches_a_profiled_one_kernel_by_kernel() -> None:
         assert row["gen_syncs"] == row["prof_dtoh"] == 28 + (run == "gpt1.3b-dp2-mbs4") * 74, (run, row)
 
 
-def test_moe_host_syncs_equal_the_profiled_device_to_host_copies() -> None:
-    """Every device-to-host copy of the profiled Mixtral steps is a generated host sync: 5 routing-count
-    copies per MoE layer forward with EP or TP (2 on one GPU), one read per parameter tensor's gradient
-    norm and one of the total, per optimizer (with EP the experts have their own)."""
+def test_moe_host_syncs_follow_the_profiled_device_to_host_copies() -> None:
+    """Every device-to-host copy of the profiled Mixtral steps is a generated one: 5 routing-count copies
+    per MoE layer forward with EP or TP (2 on one GPU), one read per parameter tensor's gradient norm and
+    one of the total, per optimizer (with EP the experts have their own). The host waits once per
+    routing's copies and once per read, in the generated step as in the replay of the profiled one."""
     from calib.bundle.io import read_bundle
     from calib.chakra.codec import read_et
     from calib.validation import engine
-    from calib.workload.host import count_host
+    from calib.workload.host import converted_sync_points, count_host, routing_copy_groups
     from tests.conftest import ROOT
 
     class Host:
         launch_s, sync_s = 10e-6, 50e-6
 
-    for run, expected in (("mixtral-tp2ep2-sp", 51), ("mixtral-1gpu", 62)):
+    for run, expected, per_routing in (("mixtral-tp2ep2-sp", 51, 5), ("mixtral-1gpu", 62, 2)):
         bundle = read_bundle(ROOT / "traces" / "h200" / run)
-        dtoh = sum(1 for n in read_et(bundle.et_files()[0]).nodes
-                   if not n.is_cpu_op and "DtoH" in n.name)
+        et = read_et(bundle.et_files()[0])
+        dtoh = sum(1 for n in et.nodes if not n.is_cpu_op and "DtoH" in n.name)
+        groups = routing_copy_groups(sorted(et.nodes, key=lambda n: n.id))
         spec = bundle.manifest.spec
         gen = generate(engine.model_of(spec), engine.parallel_of(spec), roofline, Host())
         _, syncs = count_host(gen.workload.classes[0].trace)
-        assert dtoh == expected and gen.sync_points(0) == syncs == expected, (run, dtoh, syncs)
+        waits = expected - len(groups) * (per_routing - 1)
+        assert dtoh == expected == gen.device_to_host_copies(0), (run, dtoh)
+        assert {len(g) for g in groups} == {per_routing} and len(groups) == (engine.model_of(spec).layers
+                                                                      * engine.parallel_of(spec).num_microbatches), run
+        assert gen.sync_points(0) == syncs == waits == len(converted_sync_points(et)), (run, syncs, waits)
 
 
 def test_a_sync_op_repeated_is_one_sync_per_kernel() -> None:
@@ -388,6 +394,20 @@ def test_a_sync_op_repeated_is_one_sync_per_kernel() -> None:
         ("a..r", 3000, True, 2), ("r", 2000, True, 1), ("r", 2000, True, 1), ("b", 500, False, 1)]
     plain = _compile([a, read3, b], {a: 1000, read3: 2000, b: 500})
     assert [(s.name, s.duration_ns, s.sync) for s in plain] == [("a..b", 7500, False)]
+
+
+def test_routing_copies_are_one_wait() -> None:
+    """The routing counts' copies (GROUPED_SYNCS) are issued together and waited for once: one segment of
+    their k kernels, its sync at the end."""
+    from calib.workload import ops as O
+    from calib.workload.generate import _compile
+
+    a, b = O.memop("a", 8, "fp32", "aten::add"), O.memop("b", 8, "fp32", "aten::mul")
+    copies = dataclasses.replace(O.memop("moe.router.bookkeeping", 64, "int64", "aten::copy_"), repeat=5)
+    segs = _compile([a, copies, b], {a: 1000, copies: 2000, b: 500}, frozenset({"moe.router.bookkeeping"}),
+                    launch_ns=10_000)
+    assert [(s.name, s.duration_ns, s.sync, s.launched.n) for s in segs] == [
+        ("a..moe.router.bookkeeping", 11000, True, 6), ("b", 500, False, 1)]
 
 
 def test_expert_parameters_have_their_own_gradient_norm() -> None:

@@ -5,7 +5,8 @@ Parameters (seconds):
   everything eager PyTorch and megatron-core do on the Python/autograd thread per kernel;
 - `sync_s`: host time between a sync point's GPU work ending and the next launch (the device-to-
   host copy returning and the Python work before the next kernel), at the sync points of
-  calib.workload.host.SYNC_AFTER other than its scalar reads (READ_SYNCS: waited for at no cost);
+  calib.workload.host.SYNC_AFTER other than its scalar reads (READ_SYNCS: waited for at no cost),
+  one per MoE routing (its copies are waited for together: GROUPED_SYNCS);
 - `p2p_sync_s`: the same after a pipeline send/recv batch (megatron-core's batch_p2p_sync drains
   the device; the schedule's work between micro-batches follows before the next launch). Fitted
   on the pipeline-parallel runs only; a calibration without it uses `sync_s`.

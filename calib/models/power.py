@@ -113,7 +113,12 @@ def _measured_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint], list[float], str]:
     """Points of one training bundle with telemetry, idle power readings, and why there are no
-    points when the bundle has telemetry but cannot give any ("" otherwise)."""
+    points when the bundle has telemetry but cannot give any ("" otherwise). Computed once per bundle
+    (Bundle.derived): not to be changed by the caller."""
+    return bundle.derived(("power_points", gpu_count), lambda: _power_points(bundle, gpu_count))
+
+
+def _power_points(bundle, gpu_count: int | None) -> tuple[list[PowerPoint], list[float], str]:
     m = bundle.manifest
     if m.kind != "training" or not bundle.has("telemetry") or not bundle.has("kernels"):
         return [], [], ""
@@ -176,7 +181,12 @@ def power_points(bundle, gpu_count: int | None = None) -> tuple[list[PowerPoint]
 
 def measured_shares(bundle) -> dict[str, float] | None:
     """Activity shares of a training bundle's profiled steps over its measured step time, the mean over
-    all its ranks (`_shares_for_ranks`; telemetry not needed); None without kernels."""
+    all its ranks (`_shares_for_ranks`; telemetry not needed); None without kernels. Computed once per
+    bundle (Bundle.derived): not to be changed by the caller."""
+    return bundle.derived("measured_shares", lambda: _measured_shares(bundle))
+
+
+def _measured_shares(bundle) -> dict[str, float] | None:
     if not bundle.has("kernels") or not bundle.has("steps"):
         return None
     kernels, steps = bundle.table("kernels"), bundle.table("steps")

@@ -1,7 +1,8 @@
 """Held-out results kept between `calib validate` runs, keyed by everything they are computed from.
 
-A held-out entry refits every model without one configuration and rebuilds it: about half a minute
-per configuration on 2 cores, 25 minutes for the committed H200 runs. It is a pure function of the
+A held-out entry refits every model without one configuration and rebuilds it: 24-40 s per configuration
+on one core once its process has read the bundles (benchmarks/heldout_fit.py), about half an hour for the
+committed H200 runs on 2 cores. It is a pure function of the
 bundles (the left-out ones and the ones fitted on, by name and content hash, in order) and of the
 code that fits and simulates (every file of the calib package but the fitted calibration files and
 the modules that only present results: the report writer, the commands), the cluster presets in simconfigs/, and the versions of Python and the numeric libraries). The key is a

@@ -99,7 +99,11 @@ def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
 
 
 def measured_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float | None:
-    """profiled_clock_ratio, or None where the telemetry cannot say."""
+    """profiled_clock_ratio, or None where the telemetry cannot say (computed once per bundle)."""
+    return bundle.derived(("measured_clock_ratio", min_samples), lambda: _measured_clock_ratio(bundle, min_samples))
+
+
+def _measured_clock_ratio(bundle: Bundle, min_samples: int) -> float | None:
     if not bundle.has("telemetry"):
         return None
     tel = bundle.table("telemetry")

@@ -36,6 +36,7 @@ from calib.sim.types import RankClass, SimWorkload
 from calib.workload import ops as O
 from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
 from calib.workload.host import (
+    GROUPED_SYNCS,
     HOST_READ,
     HOST_SYNC,
     LAUNCHES,
@@ -120,7 +121,13 @@ class GeneratedStep:
 
     def sync_points(self, stage: int) -> int:
         """Host sync points of one GPU of `stage` in the step at ops (calib.workload.host.SYNC_AFTER: one
-        per kernel of such an op); pipeline sends and receives, also syncs, are not counted."""
+        per kernel of such an op, one per instance of a GROUPED_SYNCS op); pipeline sends and receives,
+        also syncs, are not counted."""
+        return sum(n // op.repeat if op.name in GROUPED_SYNCS else n
+                   for op, n in self.op_counts(stage).items() if op.name in SYNC_AFTER)
+
+    def device_to_host_copies(self, stage: int) -> int:
+        """Device-to-host copies of one GPU of `stage` in the step (one per kernel of a SYNC_AFTER op)."""
         return sum(n for op, n in self.op_counts(stage).items() if op.name in SYNC_AFTER)
 
     def materialize(self, rank: int) -> ExecutionTrace:
@@ -351,7 +358,10 @@ def _compile(items: list[O.Item], durations: dict[O.Op, int], sync_after: frozen
 
     for it in items:
         if isinstance(it, O.Op):
-            if it.name in sync_after:
+            if it.name in sync_after and it.name in GROUPED_SYNCS:  # k copies, one wait after them
+                run.append((it, it.repeat))
+                flush()
+            elif it.name in sync_after:
                 for _ in range(it.repeat):
                     run.append((it, 1))
                     flush()

@@ -59,12 +59,12 @@ RENDEZVOUS = "tp_rendezvous"  # attr: a blocking collective of the TP group (mod
 RENDEZVOUS_NS = "rendezvous_ns"  # attr: what that collective keeps its ranks' compute streams beyond its transfer
 
 # Ops after which megatron-core synchronises the host (generated workloads), with why.
-# An op with `repeat` k is k syncs (one per kernel: each a device-to-host copy the host waits for), so
-# that a generated step has as many sync points as its profiled step has device-to-host copies
-# (benchmarks/gen_vs_profile.py compares them).
+# An op with `repeat` k is k syncs (one per kernel: each a device-to-host copy the host waits for), but
+# for GROUPED_SYNCS (k copies, one wait), so that a generated step has as many device-to-host copies as
+# its profiled step (benchmarks/gen_vs_profile.py compares them).
 SYNC_AFTER: dict[str, str] = {
     "moe.router.bookkeeping": "MoE routing counts copied to the host (alltoall token dispatcher, every layer's "
-                              "forward, every micro-batch: 2 copies on one GPU, 5 with EP or TP)",
+                              "forward, every micro-batch: 2 copies on one GPU, 5 with EP or TP, waited for once)",
     "optimizer.grad_norm.read": "per-tensor gradient norms read by the host one by one (megatron-core without Apex "
                                 "builds a host tensor of them: one device-to-host copy per parameter tensor)",
     "optimizer.grad_norm": "gradient norm read by the host for clipping (megatron's optimizer step; the profiled "
@@ -82,6 +82,16 @@ SYNC_AFTER: dict[str, str] = {
 READ_SYNCS = frozenset({"optimizer.grad_norm.read", "optimizer.grad_norm", "optimizer.expert_grad_norm.read",
                         "optimizer.expert_grad_norm"})
 SCALAR_READ_OPS = frozenset({"aten::_local_scalar_dense", "aten::item"})  # a converted ET's scalar reads (attr aten_op)
+# Sync ops whose `repeat` copies are issued back to back without the host waiting, which then waits once
+# for all of them. megatron-core 0.19's alltoall token dispatcher copies the routing counts (2 tensors on
+# one GPU, 5 with EP or TP) to the host on a side stream (non-blocking, into pinned memory) and blocks
+# once, on the copies' event (cudaEventSynchronize), before its token exchange or second permutation: the
+# raw H200 profile of mixtral-ep2-mbs2-raw has 10 such copies and 2 event syncs in a step of 2 MoE layer
+# forwards (docs/host.md, "One wait per routing"). The optimizer's scalar reads each block.
+GROUPED_SYNCS = frozenset({"moe.router.bookkeeping"})
+# In a converted ET the copies of one routing lie within 4 nodes of each other (the sorts of its first
+# permutation run between them on the compute stream); those of successive MoE layers 116 or more apart.
+ROUTING_GROUP_NODES = 8
 # Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
 # torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.
 
@@ -313,9 +323,35 @@ def _is_dtoh(n: Node) -> bool:
 
 def converted_sync_points(trace: ExecutionTrace) -> set[int]:
     """The GPU nodes of a converted (measured) ET that the host waits for: device-to-host copies
-    (the host reads a GPU value: MoE routing counts, the gradient norm) and pipeline sends and
-    receives (megatron-core's batch_p2p_sync)."""
-    return {n.id for n in trace.nodes if n.type in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE) or _is_dtoh(n)}
+    (the host reads a GPU value: the gradient norm; the MoE routing counts, where the host waits once
+    for the last copy of each routing's group, `routing_copy_groups`) and pipeline sends and receives
+    (megatron-core's batch_p2p_sync)."""
+    nodes = sorted(trace.nodes, key=lambda n: n.id)
+    grouped = routing_copy_groups(nodes)
+    last = {g[-1] for g in grouped}
+    within = {i for g in grouped for i in g[:-1]}
+    return {n.id for n in nodes if (n.type in _P2P or _is_dtoh(n)) and n.id not in within} | last
+
+
+def routing_copy_groups(nodes: list[Node]) -> list[list[int]]:
+    """The ids of a converted ET's device-to-host copies that are not scalar reads (the MoE routing
+    counts), in groups the host waits for once (GROUPED_SYNCS): copies within ROUTING_GROUP_NODES
+    nodes of the previous one with no collective between. `nodes` in id order."""
+    groups: list[list[int]] = []
+    prev = -ROUTING_GROUP_NODES - 1
+    comm_since = False
+    for i, n in enumerate(nodes):
+        if n.type != NodeType.COMP_NODE:
+            comm_since = True
+            continue
+        if not _is_dtoh(n) or n.attr("aten_op") in SCALAR_READ_OPS:
+            continue
+        if groups and i - prev <= ROUTING_GROUP_NODES and not comm_since:
+            groups[-1].append(n.id)
+        else:
+            groups.append([n.id])
+        prev, comm_since = i, False
+    return groups
 
 
 def converted_reads(trace: ExecutionTrace) -> set[int]:

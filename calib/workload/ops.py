@@ -519,7 +519,8 @@ MOE_ROUTING = (("aten::topk", "other", 4), ("aten::_softmax", "memory", 2), ("at
 # micro-batch of the profiled steps shows them (Memcpy DtoH nodes between the aux-loss sums and the sorts):
 # 2 on one GPU (mixtral-1gpu: the tokens per expert and the output token count), 5 with EP or TP
 # (mixtral-ep4, -ep2-mbs2, -tp2ep2-sp, -tp2-sp-rcsel: also the input/output splits of the token exchange
-# and the tokens per local expert). Each is a host sync point in a replay (converted_sync_points).
+# and the tokens per local expert). The host issues them together on a side stream and waits once for
+# all of them (calib.workload.host.GROUPED_SYNCS); a replay waits once per group (converted_sync_points).
 MOE_DTOH_SINGLE = 2
 MOE_DTOH_PARALLEL = 5
 MOE_ROUTING_AFTER_SYNC = (("aten::copy_", "memory", 6), ("aten::sort", "other", 4), ("aten::sort", "memory", 3),
@@ -553,7 +554,7 @@ def moe_dtoh_reads(par: ParallelConfig) -> int:
 def _router(model: ModelSpec, sh: Shapes, reads: int = MOE_DTOH_PARALLEL) -> list[Op]:
     """Router GEMM (run twice in the profiled steps), then megatron's routing bookkeeping (MOE_ROUTING);
     the op named `moe.router.bookkeeping` is where the host reads the token counts: `reads` device-to-host
-    copies of per-expert counts (int64), each a host sync."""
+    copies of per-expert counts (int64), one host sync after them all."""
     n = sh.local_tokens * model.experts
     router = dataclasses.replace(gemm("moe.router", sh.local_tokens, model.experts, sh.h, sh.dtype), repeat=2)
     small = _small("moe.router.routing", MOE_ROUTING, n)

@@ -418,6 +418,15 @@ ROUND32 = [*repeats(ROUND32_BASE, "r32"), *repeats(ROUND32_BASE, "r32b")]
 # Round 33 (one H200): rounds 30 and 31 on a third lease (_campaigns/x1-round33/predictions.json).
 ROUND33 = [*repeats(ROUND27_BASE, "r33"), *repeats(ROUND27_BASE, "r33b")]
 
+# Round 34 (thirty-ninth session, 2 x H200, a probe: its bundles are not committed): the one-GPU and TP 2 +
+# SP Mixtral configurations at sequence 256 with their raw traces kept, for the host's waits per MoE routing on
+# the two code paths where only megatron-core's code said how many there are (mixtral-ep2-mbs2-raw has EP's:
+# docs/host.md, "One wait per routing"). benchmarks/routing_waits.py reads them; its summary is committed in
+# traces/h200/_probes/routing-waits-1/.
+ROUND34 = ["mixtral-1gpu-s256-raw34", "mixtral-tp2-sp-s256-raw34"]
+TRAININGS += [(f"{s[0]}-raw34", *s[1:-1], [*s[-1], "--keep-raw"]) for s in list(TRAININGS)
+              if s[0] in ("mixtral-1gpu-s256", "mixtral-tp2-sp-s256")]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -518,6 +527,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND31]
     jobs += [t(r) for r in ROUND32]
     jobs += [t(r) for r in ROUND33]
+    jobs += [t(r) for r in ROUND34]
     return jobs
 
 
