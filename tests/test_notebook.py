@@ -34,8 +34,8 @@ def test_walkthrough_notebook_executes(monkeypatch: pytest.MonkeyPatch) -> None:
     else:
         monkeypatch.delenv(CACHE_ENV, raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    # the validation cell refits once per held-out configuration (74 H200 configurations: about 35
-    # minutes on 2 cores with an empty cache, 2026-11-25): a cell may take up to an hour and
+    # the validation cell refits once per held-out configuration (86 H200 configurations: about 30
+    # minutes on 2 cores with an empty cache, 2026-11-27): a cell may take up to an hour and
     # a half, the CI budget
     client = nbclient.NotebookClient(nb, timeout=5400, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
