@@ -1,7 +1,7 @@
 """Seconds per held-out fit of `calib validate`, with every fit reading its bundles afresh and with the bundles
 read once per process (calib.validate._read_once, Bundle.derived), and that both give the same results.
 
-    python benchmarks/heldout_fit.py [h200|h100] [N]   (default: h100, 3 configurations; ~1 min per fit)
+    python benchmarks/heldout_fit.py [h200|h100] [N]   (default: h100, 3 configurations; 24-40 s a fit)
 
 Runs the held-out entries of the first N configurations (in `calib validate`'s order) one after another in
 this process, as one worker of `calib validate --jobs` runs its share of them: first each with its own freshly
