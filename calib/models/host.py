@@ -150,7 +150,18 @@ class HostModel:
     def on_path(self, tp: int, pp: int, ep: int) -> HostModel:
         """The costs a run of this tensor, pipeline and expert parallelism sees (pace applied; the copy has none of its own)."""
         path = path_exponent(tp, pp, ep)
-        k, r = self.pace(path), self.pace(path, replay=True)
+        return self._scaled(self.pace(path), self.pace(path, replay=True), pace_per_path=None,
+                            replay_pace_per_path=None)
+
+    def at_own_pace(self, own_launch_s: float | None) -> HostModel:
+        """The costs of a host whose trainer timed `own_launch_s` per tiny launch (measure/own_pace.py):
+        launch and sync costs, generated and replayed, times own_pace_factor; the TP rendezvous as it is."""
+        k = own_pace_factor(own_launch_s, self.own_launch_ref_s)
+        return self if k == 1.0 else self._scaled(k, k)
+
+    def _scaled(self, k: float, r: float, **fields: Any) -> HostModel:
+        """A copy with the generated launch and sync costs times `k`, the replays' times `r` (the TP
+        rendezvous as it is), and `fields` set."""
 
         def times(x: float | None, by: float) -> float | None:
             return None if x is None else x * by
@@ -158,23 +169,7 @@ class HostModel:
         return dataclasses.replace(
             self, launch_s=self.launch_s * k, sync_s=self.sync_s * k, p2p_sync_s=times(self.p2p_sync_s, k),
             replay_launch_s=times(self.replay_launch_s, r), replay_sync_s=times(self.replay_sync_s, r),
-            replay_p2p_sync_s=times(self.replay_p2p_sync_s, r), pace_per_path=None,
-            replay_pace_per_path=None)
-
-    def at_own_pace(self, own_launch_s: float | None) -> HostModel:
-        """The costs of a host whose trainer timed `own_launch_s` per tiny launch (measure/own_pace.py):
-        launch and sync costs, generated and replayed, times own_pace_factor; the TP rendezvous as it is."""
-        k = own_pace_factor(own_launch_s, self.own_launch_ref_s)
-        if k == 1.0:
-            return self
-
-        def times(x: float | None) -> float | None:
-            return None if x is None else x * k
-
-        return dataclasses.replace(
-            self, launch_s=self.launch_s * k, sync_s=self.sync_s * k, p2p_sync_s=times(self.p2p_sync_s),
-            replay_launch_s=times(self.replay_launch_s), replay_sync_s=times(self.replay_sync_s),
-            replay_p2p_sync_s=times(self.replay_p2p_sync_s))
+            replay_p2p_sync_s=times(self.replay_p2p_sync_s, r), **fields)
 
     @property
     def replay_sync(self) -> float:

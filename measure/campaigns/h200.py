@@ -173,10 +173,10 @@ TRAININGS += [
     ("mixtral-1gpu-L3", "mixtral-8x7b@L3,S2048", 1, 1, 1, 1, 1, 4, "none", []),
     ("mixtral-1gpu-L1", "mixtral-8x7b@L1,S2048", 1, 1, 1, 1, 1, 4, "none", []),
 ]
-def repeats(base: list[str], tag: str) -> list[str]:
+def repeats(base: list[str], tag: str, *flags: str) -> list[str]:
     """The job specs of `base` once more as `<id>-<tag>` (a run of the same configuration on another
-    lease), appended to TRAININGS; their ids, in `base`'s order."""
-    TRAININGS.extend([(f"{s[0]}-{tag}", *s[1:]) for s in TRAININGS if s[0] in base])
+    lease), with `flags` added to their arguments, appended to TRAININGS; their ids, in `base`'s order."""
+    TRAININGS.extend([(f"{s[0]}-{tag}", *s[1:-1], [*s[-1], *flags]) for s in TRAININGS if s[0] in base])
     return [f"{rid}-{tag}" for rid in base]
 
 
@@ -423,9 +423,7 @@ ROUND33 = [*repeats(ROUND27_BASE, "r33"), *repeats(ROUND27_BASE, "r33b")]
 # the two code paths where only megatron-core's code said how many there are (mixtral-ep2-mbs2-raw has EP's:
 # docs/host.md, "One wait per routing"). benchmarks/routing_waits.py reads them; its summary is committed in
 # traces/h200/_probes/routing-waits-1/.
-ROUND34 = ["mixtral-1gpu-s256-raw34", "mixtral-tp2-sp-s256-raw34"]
-TRAININGS += [(f"{s[0]}-raw34", *s[1:-1], [*s[-1], "--keep-raw"]) for s in list(TRAININGS)
-              if s[0] in ("mixtral-1gpu-s256", "mixtral-tp2-sp-s256")]
+ROUND34 = repeats(["mixtral-1gpu-s256", "mixtral-tp2-sp-s256"], "raw34", "--keep-raw")
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
