@@ -6,7 +6,10 @@ Per probed configuration (one or two GPUs; rank 0's host): the median over the t
 micro-batches' forwards and backwards (megatron-core's schedule functions, host timestamps, no device
 syncs), the launches the profiled step made inside them, and their ratio; the optimizer's host time
 and where the host finished the step against the measured (synchronised) step. `--modules` adds the
-exclusive host time and launches of each instrumented module and stage.
+exclusive host time and launches of each instrumented module and stage. `--gpu` adds, for runs with GPU-stamped
+steps (the probe's events at every span boundary, from the fortieth session), what the GPU idled in each phase
+of an unprofiled step: the span's GPU interval less the GPU time of the kernels launched in it (the profiled
+step's), medians over the steps.
 """
 
 from __future__ import annotations
@@ -90,8 +93,55 @@ def modules(run: dict) -> pd.DataFrame:
     return out.sort_values("host_ms", ascending=False)
 
 
+GPU_PHASES = ("step", "zero_grads", "forward", "backward", "finalize_grads", "optimizer", "self_attention", "moe",
+              "moe.route", "moe.preprocess", "moe.dispatch", "moe.routed_experts_compute", "moe.combine",
+              "moe.postprocess", "optimizer.get_grad_norm", "optimizer.step_with_ready_grads")
+
+
+def gpu_under(profiled: list[dict], label: str) -> float:
+    """GPU ms of the profiled step's kernels launched inside every outermost range named `label`, the ranges nested
+    in it included."""
+    total = 0.0
+    end = -1.0
+    for top in sorted((p for p in profiled if p["label"] == label), key=lambda p: (p["start_us"], -p["dur_us"])):
+        lo, hi = top["start_us"], top["start_us"] + top["dur_us"]
+        if lo < end:  # inside a range of the same label
+            continue
+        end = hi
+        total += sum(p["gpu_us"] for p in profiled if lo <= p["start_us"] <= hi)
+    return total / 1e3
+
+
+def gpu_idle(run: dict) -> pd.DataFrame:
+    """Per phase of a GPU-stamped run: its GPU interval per step (ms, median over the steps: the sum over the phase's
+    outermost spans of GPU end - GPU start), the GPU time of its kernels (the profiled step's), and their
+    difference, the idle; the step's row has the whole device's kernel time."""
+    per: dict[str, list[float]] = defaultdict(list)
+    steps: dict[int, list[list]] = defaultdict(list)
+    for r in run["gpu_spans"]:
+        steps[r[1]].append(r)
+    for rows in steps.values():
+        spent: dict[str, float] = defaultdict(float)
+        outer: dict[str, float] = {}  # per label, the host end of its last outermost span
+        for label, _, host_a, host_b, a, b in sorted(rows, key=lambda r: (r[2], -r[3])):
+            if host_a < outer.get(label, -1):  # inside a span of the same label (a chained optimizer's own stages)
+                continue
+            outer[label] = host_b
+            spent[label] += (b - a) / 1e3
+        for label in GPU_PHASES:
+            if label in spent:
+                per[label].append(spent[label])
+    busy = {label: gpu_under(run["profiled_spans"], label) for label in per}
+    busy["step"] = sum(d for _, d in run["device_busy"]) / 1e3
+    out = pd.DataFrame({"gpu_interval_ms": {k: float(pd.Series(v).median()) for k, v in per.items()},
+                        "kernels_ms": busy})
+    out["idle_ms"] = out.gpu_interval_ms - out.kernels_ms
+    return out.loc[[p for p in GPU_PHASES if p in out.index]]
+
+
 def main(argv: list[str]) -> int:
     show_modules = "--modules" in argv
+    show_gpu = "--gpu" in argv
     dirs = [Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
     pd.set_option("display.width", 200)
     for d in dirs:
@@ -101,6 +151,11 @@ def main(argv: list[str]) -> int:
         if show_modules:
             for r in runs:
                 print(f"\n{r['name']}\n{modules(r).round(1).to_string()}")
+        if show_gpu:
+            for r in (r for r in runs if r.get("gpu_spans")):
+                stamped = float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3
+                print(f"\n{r['name']}: GPU-stamped step {stamped:.1f} ms (plain "
+                      f"{float(pd.Series(r['plain_step_s']).median()) * 1e3:.1f})\n{gpu_idle(r).round(2).to_string()}")
     return 0
 
 

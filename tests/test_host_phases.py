@@ -74,3 +74,67 @@ def test_committed_probe_results_decompose(round_dir):
         assert p["forward_launches"] > 0 and p["backward_launches"] > 0, f.name
         assert p["host_done_ms"] < p["step_ms"] * 1.05, f.name
         assert p["microbatches"] * 2 <= len([r for r in run["spans"] if r[0] in ("forward", "backward")])
+
+
+def test_gpu_idle_is_a_phase_gpu_interval_less_its_kernels_counting_outermost_spans_once():
+    bench = load_benchmark("host_phases")
+    run = {
+        # [label, step, host start ns, host end ns, GPU start us, GPU end us]; the inner "optimizer" is a chained
+        # optimizer's own span inside the outer one and must not count twice
+        "gpu_spans": [["forward", 0, 0, 50, 0.0, 4000.0], ["optimizer", 0, 60, 70, 4100.0, 5000.0],
+                      ["optimizer", 0, 55, 90, 4000.0, 6000.0], ["step", 0, 0, 100, 0.0, 6000.0],
+                      ["forward", 1, 0, 50, 0.0, 3000.0], ["optimizer", 1, 55, 90, 3000.0, 5000.0],
+                      ["step", 1, 0, 100, 0.0, 5000.0]],
+        "profiled_spans": [{"label": "forward", "start_us": 0, "dur_us": 50, "gpu_us": 2500.0},
+                           {"label": "optimizer", "start_us": 55, "dur_us": 35, "gpu_us": 1000.0},
+                           {"label": "optimizer", "start_us": 60, "dur_us": 10, "gpu_us": 500.0}],
+        "device_busy": [[0.0, 3000.0], [3000.0, 1500.0]],
+    }
+    table = bench.gpu_idle(run)
+    assert list(table.index) == ["step", "forward", "optimizer"]
+    assert table.loc["forward"].tolist() == [3.5, 2.5, 1.0]  # median of 4 and 3 ms, 2.5 ms of kernels
+    assert table.loc["optimizer"].tolist() == [2.0, 1.5, 0.5]
+    assert table.loc["step"].tolist() == [5.5, 4.5, 1.0]
+
+
+def test_the_gpu_stamped_probe_puts_the_moe_steps_idle_in_their_forward():
+    """Round 11 (fortieth session): the unprofiled step's GPU intervals of its phases add up to the step, no phase
+    runs its kernels in less GPU time than they take, the dense control hardly idles (~1 %), and each Mixtral
+    configuration idles most in its MoE layers' forward (docs/host.md, "Where the one-GPU MoE steps idle")."""
+    bench = load_benchmark("host_phases")
+    runs = {f.name.split(".json")[0]: bench.load(f)
+            for f in sorted((ROOT / "traces" / "h200" / "_probes" / "host-phases-11").glob("*.json.xz"))}
+    assert set(runs) == {"llama8b-s2048-mb4", "mixtral-L1-s2048-mb4", "mixtral-s2048-mb4", "mixtral-L3-s2048-mb4",
+                         "mixtral-s256-mb2"}
+    for name, run in runs.items():
+        t = bench.gpu_idle(run)
+        parts = t.loc[["zero_grads", "forward", "backward", "finalize_grads", "optimizer"], "gpu_interval_ms"].sum()
+        assert parts == pytest.approx(t.loc["step", "gpu_interval_ms"], rel=0.02), name
+        assert (t.idle_ms > -0.02 * t.gpu_interval_ms - 0.05).all(), name
+        if name.startswith("llama"):
+            assert t.loc["step", "idle_ms"] < 0.02 * t.loc["step", "gpu_interval_ms"]
+        else:
+            assert t.loc["moe", "idle_ms"] > t.loc["backward", "idle_ms"] + t.loc["optimizer", "idle_ms"], name
+            assert t.loc["moe", "idle_ms"] > 0.4 * t.loc["step", "idle_ms"], name
+
+
+def test_gpu_stamps_pair_with_their_spans_in_closing_order(monkeypatch):
+    """With `gpu` on, every span records an event where it opens and where it closes, one pair per row, nested
+    spans included (measure.probes.host_phases.gpu_stamped zips them)."""
+    import itertools
+
+    import measure.probes.host_phases as probe
+
+    counter = itertools.count()
+    monkeypatch.setattr(probe, "_event", lambda: next(counter))
+    spans = Spans(on=True, gpu=True)
+    inner = spans.wrap(lambda: None, "inner")
+    with spans.span("outer"):
+        inner()
+        inner()
+    assert [r[0] for r in spans.rows] == ["inner", "inner", "outer"]
+    assert spans.events == [(1, 2), (3, 4), (0, 5)]
+    spans.gpu = False
+    with spans.span("plain"):
+        pass
+    assert len(spans.rows) == 4 and len(spans.events) == 3

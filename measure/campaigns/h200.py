@@ -424,6 +424,11 @@ ROUND33 = [*repeats(ROUND27_BASE, "r33"), *repeats(ROUND27_BASE, "r33b")]
 # docs/host.md, "One wait per routing"). benchmarks/routing_waits.py reads them; its summary is committed in
 # traces/h200/_probes/routing-waits-1/.
 ROUND34 = repeats(["mixtral-1gpu-s256", "mixtral-tp2-sp-s256"], "raw34", "--keep-raw")
+# Round 35 (fortieth session, one H200): the one-GPU Mixtral depth series at sequence 2048 (1, 2 and 3 layers)
+# twice on one lease with the trainer's own pace, for what its GPU idles per step against the depth (docs/host.md,
+# "Where the one-GPU MoE steps idle"; benchmarks/gpu_idle.py).
+DEPTH_SERIES = ["mixtral-1gpu-L1", "mixtral-1gpu", "mixtral-1gpu-L3"]
+ROUND35 = [*repeats(DEPTH_SERIES, "idle35"), *repeats(DEPTH_SERIES, "idle35b")]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -526,6 +531,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND32]
     jobs += [t(r) for r in ROUND33]
     jobs += [t(r) for r in ROUND34]
+    jobs += [t(r) for r in ROUND35]
     return jobs
 
 

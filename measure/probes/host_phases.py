@@ -11,6 +11,10 @@ process per GPU (rank 0 writes the result):
   functions), each layer's submodules, the MoE layer's stages (route, preprocess, dispatch, experts,
   combine, postprocess), finalize_model_grads and the optimizer's stages; the plain and timed steps'
   difference is the timestamps' own cost;
+- GPU-stamped steps: the same spans, each also recording a CUDA event on the current stream where it opens
+  and closes, so that the GPU's time at every span boundary is known without a profiler: a span's GPU
+  interval less the GPU time of the kernels launched in it (the profiled step's) is what the GPU idled
+  there, in a step the profiler did not slow;
 - one profiled step with the same spans as profiler ranges: the CUDA launches (runtime calls that
   enqueue device work) and the GPU time of their kernels inside each span.
 Host time per launch by phase is then one span's time over its launches (benchmarks/host_phases.py
@@ -92,6 +96,10 @@ CONFIGS: list[Probe] = [
     # (gpt1.3b-1gpu-s256, mixtral-1gpu-s256), beside llama8b-s256-mb4 (= llama8b-1gpu-s256) on one lease
     Probe("gpt1.3b-s256-mb4", "gpt3-1.3b@L8,S256", 4, 16),
     Probe("mixtral-s256-mb2", "mixtral-8x7b@L2,S256", 2, 4),
+    # the one-GPU Mixtral depth series at sequence 2048 (traces/h200 mixtral-1gpu-L1, mixtral-1gpu, mixtral-1gpu-L3),
+    # whose GPU idles 21-72 ms a step: where, phase by phase (docs/host.md, "Where the one-GPU MoE steps idle")
+    Probe("mixtral-L1-s2048-mb4", "mixtral-8x7b@L1,S2048", 1, 4),
+    Probe("mixtral-L3-s2048-mb4", "mixtral-8x7b@L3,S2048", 1, 4),
 ]
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "cudaMemcpyAsync", "cudaMemsetAsync")
@@ -107,7 +115,9 @@ class Spans:
 
     on: bool = False
     profiling: bool = False
+    gpu: bool = False  # record a CUDA event where each span opens and closes
     rows: list[tuple[str, int, int, int]] = field(default_factory=list)  # (label, step, start_ns, end_ns)
+    events: list[tuple[Any, Any]] = field(default_factory=list)  # with `gpu`: per row, its (open, close) events
     step: int = 0
 
     @contextlib.contextmanager
@@ -121,11 +131,13 @@ class Spans:
         finally:
             self._close(label, *opened)
 
-    def _open(self, label: str) -> tuple[int, Any]:
-        return time.perf_counter_ns(), _range(label) if self.profiling else None
+    def _open(self, label: str) -> tuple[int, Any, Any]:
+        return time.perf_counter_ns(), _range(label) if self.profiling else None, _event() if self.gpu else None
 
-    def _close(self, label: str, start: int, rng: Any) -> None:
+    def _close(self, label: str, start: int, rng: Any, opened: Any) -> None:
         self.rows.append((label, self.step, start, time.perf_counter_ns()))
+        if opened is not None:
+            self.events.append((opened, _event()))
         if rng is not None:
             rng.__exit__(None, None, None)
 
@@ -137,7 +149,7 @@ class Spans:
         return timed
 
     def hook(self, module: Any, label: str) -> None:
-        open_: list[tuple[int, Any]] = []
+        open_: list[tuple[int, Any, Any]] = []
 
         def pre(*_: Any) -> None:
             if self.on:
@@ -149,6 +161,15 @@ class Spans:
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
+
+
+def _event() -> Any:
+    """A CUDA event recorded now on the current stream (its time is when the GPU gets there)."""
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _range(label: str) -> Any:
@@ -226,6 +247,9 @@ def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
     with_spans = timed(args.steps)
     rows = [r for r in spans.rows if r[1] >= first]
     spans.rows.clear()
+    spans.gpu = True
+    stamped, gpu_rows = gpu_stamped(spans, step, args.steps)
+    spans.gpu = False
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -244,8 +268,34 @@ def run_one(probe: Probe, args: argparse.Namespace) -> dict | None:
         "micro_batch": probe.micro_batch, "global_batch": probe.global_batch, "recompute": probe.recompute,
         "microbatches": training.info["microbatches"], "plain_step_s": plain, "spans_step_s": with_spans,
         "profiled_step_s": profiled, "spans": [list(r) for r in rows], "profiled_spans": launches_per_span(kineto),
+        "gpu_stamped_step_s": stamped, "gpu_spans": gpu_rows,
         "device_busy": device_busy(kineto), "gpu": torch.cuda.get_device_name(local), "host_cpu": host_cpu(),
     }
+
+
+def gpu_stamped(spans: Spans, step: Callable[[], None], n: int) -> tuple[list[float], list[list]]:
+    """`n` steps with every span's GPU time at its ends: the step times, and per span [label, step, host start
+    and end (ns since the step's start), GPU start and end (us since the step's start)]. Each step starts on a
+    drained GPU with an event recorded just before it, so the host's and the GPU's clocks start together."""
+    import torch
+
+    times: list[float] = []
+    out: list[list] = []
+    for _ in range(n):
+        spans.rows.clear()
+        spans.events.clear()
+        torch.cuda.synchronize()
+        ref = _event()
+        t = time.perf_counter_ns()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter_ns() - t) / 1e9)
+        for (label, k, a, b), (ea, eb) in zip(spans.rows, spans.events, strict=True):
+            out.append([label, k, a - t, b - t, ref.elapsed_time(ea) * 1e3, ref.elapsed_time(eb) * 1e3])
+        spans.step += 1
+    spans.rows.clear()
+    spans.events.clear()
+    return times, out
 
 
 def launches_per_span(trace: dict) -> list[dict]:
