@@ -139,23 +139,49 @@ def gpu_idle(run: dict) -> pd.DataFrame:
     return out.loc[[p for p in GPU_PHASES if p in out.index]]
 
 
+def summary(runs: list[dict]) -> dict:
+    """What `--gpu` prints, per GPU-stamped run, as JSON: where a round's full results are not committed
+    (traces/h200/_probes/host-phases-12)."""
+    out = {}
+    for r in (r for r in runs if r.get("gpu_spans")):
+        out[r["name"]] = {"phases": phases(r), "gpu_stamped_step_ms": float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3,
+                          "gpu_idle": gpu_idle(r).to_dict(orient="index")}
+    return {"what": "benchmarks/host_phases.py --gpu per run (ms): the phases table and the GPU-stamped idle per phase",
+            "runs": out}
+
+
+def _print_gpu(name: str, stamped_ms: float, plain_ms: float, table: pd.DataFrame) -> None:
+    print(f"\n{name}: GPU-stamped step {stamped_ms:.1f} ms (plain {plain_ms:.1f})\n{table.round(2).to_string()}")
+
+
 def main(argv: list[str]) -> int:
     show_modules = "--modules" in argv
     show_gpu = "--gpu" in argv
-    dirs = [Path(a) for a in argv if not a.startswith("--")] or sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
+    out = Path(argv[argv.index("--summary-out") + 1]) if "--summary-out" in argv else None
+    args = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--summary-out")]
+    dirs = [Path(a) for a in args] or sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
     pd.set_option("display.width", 200)
     for d in dirs:
-        runs = [load(f) for f in sorted(d.glob("*.json*"))]
+        runs = [load(f) for f in sorted(d.glob("*.json*")) if f.name != "summary.json"]
         print(f"\n{d.parent.parent.name}/{d.name}")
+        if not runs and (d / "summary.json").is_file():  # a round committed as its summary only
+            kept = json.loads((d / "summary.json").read_text())["runs"]
+            print(pd.DataFrame([v["phases"] for v in kept.values()]).set_index("run").round(1).to_string())
+            if show_gpu:
+                for name, v in kept.items():
+                    _print_gpu(name, v["gpu_stamped_step_ms"], v["phases"]["step_ms"],
+                               pd.DataFrame.from_dict(v["gpu_idle"], orient="index"))
+            continue
         print(pd.DataFrame([phases(r) for r in runs]).set_index("run").round(1).to_string())
         if show_modules:
             for r in runs:
                 print(f"\n{r['name']}\n{modules(r).round(1).to_string()}")
         if show_gpu:
             for r in (r for r in runs if r.get("gpu_spans")):
-                stamped = float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3
-                print(f"\n{r['name']}: GPU-stamped step {stamped:.1f} ms (plain "
-                      f"{float(pd.Series(r['plain_step_s']).median()) * 1e3:.1f})\n{gpu_idle(r).round(2).to_string()}")
+                _print_gpu(r["name"], float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3,
+                           float(pd.Series(r["plain_step_s"]).median()) * 1e3, gpu_idle(r))
+        if out is not None:
+            out.write_text(json.dumps(summary(runs), indent=1))
     return 0
 
 

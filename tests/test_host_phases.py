@@ -7,7 +7,9 @@ import pytest
 from measure.probes.host_phases import CONFIGS, Spans, device_busy, launches_per_span
 from tests.conftest import ROOT, load_benchmark
 
-PROBE_ROUNDS = sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
+# Rounds committed with their results (host-phases-12 is committed as its summary only).
+PROBE_ROUNDS = sorted(d for d in (ROOT / "traces").glob("*/_probes/host-phases-*") if any(d.glob("*.json.[gx]z")))
+SUMMARY_12 = ROOT / "traces" / "h200" / "_probes" / "host-phases-12" / "summary.json"
 
 
 def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
@@ -138,3 +140,21 @@ def test_gpu_stamps_pair_with_their_spans_in_closing_order(monkeypatch):
     with spans.span("plain"):
         pass
     assert len(spans.rows) == 4 and len(spans.events) == 3
+
+
+def test_round_12_is_committed_as_the_summary_its_reader_prints():
+    """Round 12 (fortieth session, 2 x H200): three two-GPU Mixtral configurations at sequence 256, committed as
+    benchmarks/host_phases.py's summary of their GPU-stamped steps; the reader prints it like results."""
+    import json
+
+    runs = json.loads(SUMMARY_12.read_text())["runs"]
+    assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-mixtral-ep2-s256-mb4", "2gpu-mixtral-dp2-s256"}
+    for name, run in runs.items():
+        idle = run["gpu_idle"]
+        assert {"step", "forward", "backward", "optimizer", "moe", "moe.routed_experts_compute"} <= set(idle), name
+        assert run["phases"]["run"] == name and run["phases"]["microbatches"] == 4
+        # the expert loop launches no collective: its GPU interval holds its kernels
+        loop = idle["moe.routed_experts_compute"]
+        assert loop["gpu_interval_ms"] >= loop["kernels_ms"] > 0, name
+    bench = load_benchmark("host_phases")
+    assert bench.main([str(SUMMARY_12.parent), "--gpu"]) == 0
