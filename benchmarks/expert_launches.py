@@ -28,20 +28,19 @@ EXPERT_LOOP = re.compile(r"moe\.expert\d+\.(fc1|silu|silu\.add|gate|scale|fc2)")
 
 
 def weighted_kernel_runs(weight: float):  # noqa: ANN201 (calib.workload.generate._kernel_runs' signature)
-    """calib.workload.generate._kernel_runs with the expert loop's launches weighted by `weight`."""
+    """calib.workload.generate._kernel_runs with the expert loop's launches weighted by `weight`: calib's own
+    runs of each op, then the loop's extra launches of no GPU time."""
+    from calib.workload import generate
+
+    own = generate._kernel_runs  # taken before the patch replaces it
 
     def kernel_runs(run: list, durations: dict) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         owed = 0.0
         for o, r in run:
-            d, k = durations[o], o.kernels
-            if k == 1:
-                out.append((d, r))
-            else:
-                q = d // k
-                out += [(q, k - 1), (d - (k - 1) * q, 1)] * r
+            out += own([(o, r)], durations)
             if EXPERT_LOOP.fullmatch(o.name):
-                owed += (weight - 1.0) * k * r
+                owed += (weight - 1.0) * o.kernels * r
                 extra = int(owed + 1e-9)
                 if extra:
                     out.append((0, extra))

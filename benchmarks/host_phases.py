@@ -37,13 +37,24 @@ def _by_step(spans: list) -> dict[int, list[tuple[str, int, int]]]:
     return out
 
 
+def summed_under(profiled: list[dict], label: str, key: str) -> float:
+    """`key` ("launches", "gpu_us") summed over the profiled step's ranges inside every outermost range named
+    `label`, the ranges nested in it included (a range inside one of the same label, as a chained optimizer's
+    own stages are, counts once)."""
+    total = 0.0
+    end = -1.0
+    for top in sorted((p for p in profiled if p["label"] == label), key=lambda p: (p["start_us"], -p["dur_us"])):
+        lo, hi = top["start_us"], top["start_us"] + top["dur_us"]
+        if lo < end:
+            continue
+        end = hi
+        total += sum(p[key] for p in profiled if lo <= p["start_us"] <= hi)
+    return total
+
+
 def launches_under(profiled: list[dict], label: str) -> int:
     """Launches of the profiled step inside every range named `label`, nested ranges included."""
-    total = 0
-    for top in (p for p in profiled if p["label"] == label):
-        lo, hi = top["start_us"], top["start_us"] + top["dur_us"]
-        total += sum(p["launches"] for p in profiled if lo <= p["start_us"] <= hi)
-    return total
+    return int(summed_under(profiled, label, "launches"))
 
 
 def phases(run: dict) -> dict:
@@ -99,17 +110,8 @@ GPU_PHASES = ("step", "zero_grads", "forward", "backward", "finalize_grads", "op
 
 
 def gpu_under(profiled: list[dict], label: str) -> float:
-    """GPU ms of the profiled step's kernels launched inside every outermost range named `label`, the ranges nested
-    in it included."""
-    total = 0.0
-    end = -1.0
-    for top in sorted((p for p in profiled if p["label"] == label), key=lambda p: (p["start_us"], -p["dur_us"])):
-        lo, hi = top["start_us"], top["start_us"] + top["dur_us"]
-        if lo < end:  # inside a range of the same label
-            continue
-        end = hi
-        total += sum(p["gpu_us"] for p in profiled if lo <= p["start_us"] <= hi)
-    return total / 1e3
+    """GPU ms of the profiled step's kernels launched inside every range named `label` (`summed_under`)."""
+    return summed_under(profiled, label, "gpu_us") / 1e3
 
 
 def gpu_idle(run: dict) -> pd.DataFrame:
