@@ -7,7 +7,8 @@ Prepares every real training bundle's generated step once (calib.models.host.pre
 calibration in calib/data as the kernel and network models) and fits the host model (`fit_runs`, with
 its leave-one-configuration-out error) with each run's code path taken differently: by the GPUs on its
 host (log2 of the count, the pace per doubling of the eleventh to fifteenth sessions) or by weights for
-TP, PP and EP (`PATH_WEIGHTS` is the one calib uses), optionally with more terms not in calib's
+TP, PP and EP (`PATH_WEIGHTS` is the one calib uses), each run at its trainer's own pace where it timed
+one (as `fit_host` prepares them), optionally with more terms not in calib's
 path: `sp` (sequence parallelism with TP), `dp` (data parallelism) and `gpus` (per doubling of the GPUs
 on the host, on top of the path). Prints the fitted costs, pace and error per
 variant, and each variant's largest held-out errors. About a minute per variant on 2 cores.
@@ -26,7 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: dict[str, dict[str, float] | None] = {
     "gpus-per-host": None,
     "tp1-pp1-ep2": {"tp": 1, "pp": 1, "ep": 2},
-    "tp1-pp1.5-ep2": {"tp": 1, "pp": 1.5, "ep": 2},  # PATH_WEIGHTS
+    "tp1-pp1.5-ep2": {"tp": 1, "pp": 1.5, "ep": 2},  # PATH_WEIGHTS until the forty-first session
+    "tp0-pp1.5-ep2": {"tp": 0, "pp": 1.5, "ep": 2},  # PATH_WEIGHTS (docs/host.md, "Tensor parallelism adds no pace")
+    "tp0.25-pp1.5-ep2": {"tp": 0.25, "pp": 1.5, "ep": 2},
+    "tp0.5-pp1.5-ep2": {"tp": 0.5, "pp": 1.5, "ep": 2},
+    "tp0-pp1.5-ep1": {"tp": 0, "pp": 1.5, "ep": 1},
+    "tp0-pp0-ep2": {"tp": 0, "pp": 0, "ep": 2},
+    # TP cheaper than one GPU (negative weights; the fitted pace is at least 1): tried, not kept.
+    "tp-0.5-pp1.5-ep2": {"tp": -0.5, "pp": 1.5, "ep": 2},
+    "sp-1": {"tp": 1, "pp": 1.5, "ep": 2, "sp": -1.0},
     "tp1-pp1-ep3": {"tp": 1, "pp": 1, "ep": 3},
     "tp1-pp1-ep1.5": {"tp": 1, "pp": 1, "ep": 1.5},
     # Nineteenth session (docs/host.md, "Terms tried beside the code path"): PATH_WEIGHTS plus one term.
@@ -63,11 +72,25 @@ def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from calib.models.host import PATH_WEIGHTS, fit_runs, path_exponent, prepare_run
+    from calib.models.host import (
+        PATH_WEIGHTS,
+        _collector_paused,
+        fit_runs,
+        own_pace_factor,
+        own_pace_reference,
+        path_exponent,
+        prepare_run,
+    )
+    from calib.validation.measured import measured_own_launch_s
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
-    runs = [prepare_run(b, cal.kernel_model(), cal) for b in chosen]  # type: ignore[attr-defined]
+    # Each run at its trainer's own pace where it timed one, as calib.models.host.fit_host prepares them.
+    paces = [measured_own_launch_s(b) for b in chosen]
+    ref = own_pace_reference(paces)
+    with _collector_paused():
+        runs = [prepare_run(b, cal.kernel_model(), cal).at_own_pace(own_pace_factor(t, ref))  # type: ignore[attr-defined]
+                for b, t in zip(chosen, paces, strict=True)]
     by_id = {b.id: b for b in chosen}
     for name in names:
         w = VARIANTS[name]
@@ -82,7 +105,8 @@ def main(argv: list[str]) -> int:
             return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, {k: v for k, v in w.items() if k in PATH_WEIGHTS}) + extra
 
         t = time.perf_counter()
-        model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
+        with _collector_paused():
+            model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
         print_fit(name, model, err, time.perf_counter() - t)
     return 0
 

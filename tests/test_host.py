@@ -514,26 +514,32 @@ def test_fit_runs_recovers_the_pace_of_parallel_code_paths() -> None:
     assert "not calibrated" in flat.provenance["host.pace_per_path"]
 
 
-def test_code_paths_follow_the_measured_weights_and_data_parallelism_adds_none() -> None:
-    assert PATH_WEIGHTS == {"tp": 1.0, "pp": 1.5, "ep": 2.0}
-    assert path_exponent(1, 1, 1) == 0.0 and path_exponent(2, 1, 1) == path_exponent(8, 1, 1) == 1.0
-    assert path_exponent(1, 4, 1) == 1.5 and path_exponent(1, 1, 2) == 2.0 and path_exponent(2, 1, 2) == 3.0
-    assert path_exponent(8, 16, 1) == 2.5
+def test_code_paths_follow_the_measured_weights_and_data_and_tensor_parallelism_add_none() -> None:
+    # TP's own cost is the TP rendezvous, fitted per blocking collective (docs/host.md, "Tensor parallelism adds no pace").
+    assert PATH_WEIGHTS == {"tp": 0.0, "pp": 1.5, "ep": 2.0}
+    assert path_exponent(1, 1, 1) == 0.0 and path_exponent(2, 1, 1) == path_exponent(8, 1, 1) == 0.0
+    assert path_exponent(1, 4, 1) == 1.5 and path_exponent(1, 1, 2) == 2.0 and path_exponent(2, 1, 2) == 2.0
+    assert path_exponent(8, 16, 1) == 1.5 and path_exponent(2, 2, 2) == 3.5
+    # The weights are arguments too: benchmarks/host_path_weights.py tries others.
+    assert path_exponent(2, 1, 2, {"tp": 1.0, "ep": 2.0}) == 3.0
 
 
 def test_host_costs_follow_the_pace_up_to_the_longest_fitted_path() -> None:
     model = HostModel(30e-6, 2e-3, 40e-6, p2p_sync_s=1e-3, replay_sync_s=3e-3, pace_per_path=1.5,
-                      replay_pace_per_path=1.2, fitted_paths=[0.0, 1.0, 2.0])
-    tp2 = model.on_path(2, 1, 1)
-    assert (tp2.launch_s, tp2.sync_s, tp2.p2p_sync) == pytest.approx((45e-6, 3e-3, 1.5e-3))
-    assert (tp2.replay_launch_s, tp2.replay_sync) == pytest.approx((48e-6, 3.6e-3))
-    assert tp2.pace_per_path is None and tp2.on_path(1, 1, 2).launch_s == tp2.launch_s  # applied once
-    # EP 2 is at the longest fitted path; TP 2 with EP 2 goes past it and is held there.
+                      replay_pace_per_path=1.2, fitted_paths=[0.0, 1.5, 2.0])
+    pp2 = model.on_path(1, 2, 1)
+    pace = 1.5**1.5
+    assert (pp2.launch_s, pp2.sync_s, pp2.p2p_sync) == pytest.approx((30e-6 * pace, 2e-3 * pace, 1e-3 * pace))
+    assert (pp2.replay_launch_s, pp2.replay_sync) == pytest.approx((40e-6 * 1.2**1.5, 3e-3 * 1.2**1.5))
+    assert pp2.pace_per_path is None and pp2.on_path(1, 1, 2).launch_s == pp2.launch_s  # applied once
+    # TP takes no pace: a TP run costs what one GPU does, and TP with EP what EP does.
+    assert model.on_path(2, 1, 1).launch_s == model.on_path(1, 1, 1).launch_s == 30e-6
     assert model.on_path(2, 1, 2).launch_s == model.on_path(1, 1, 2).launch_s == pytest.approx(67.5e-6)
-    assert model.beyond_fitted(2, 1, 2) and not model.beyond_fitted(1, 1, 2)
-    assert model.on_path(1, 1, 1).launch_s == model.on_path(1, 1, 1).launch_s == 30e-6
+    # EP 2 is at the longest fitted path; PP 2 with EP 2 goes past it and is held there.
+    assert model.on_path(1, 2, 2).launch_s == pytest.approx(67.5e-6)
+    assert model.beyond_fitted(1, 2, 2) and not model.beyond_fitted(2, 1, 2)
     back = HostModel.from_dict(model.to_dict())
-    assert (back.pace_per_path, back.replay_pace_per_path, back.fitted_paths) == (1.5, 1.2, [0.0, 1.0, 2.0])
+    assert (back.pace_per_path, back.replay_pace_per_path, back.fitted_paths) == (1.5, 1.2, [0.0, 1.5, 2.0])
     assert HostModel.from_dict({"launch_s": 1e-5}).on_path(2, 2, 2).launch_s == 1e-5  # older files: no pace
     with pytest.raises(CalibError, match="pace_per_path 0.5 must be >= 1"):
         HostModel.from_dict({"launch_s": 1e-5, "pace_per_path": 0.5})
@@ -544,6 +550,8 @@ def test_host_costs_follow_the_pace_up_to_the_longest_fitted_path() -> None:
         HostModel.from_dict({"launch_s": 1e-5, "pace_per_doubling": 1.3, "host_gpus": [1, 2]})
     with pytest.raises(CalibError, match="path_weights .* differ"):
         HostModel.from_dict(dict(model.to_dict(), path_weights={"tp": 1.0, "pp": 1.0, "ep": 1.0}))
+    with pytest.raises(CalibError, match="path_weights .* differ"):  # fitted with TP's weight of before
+        HostModel.from_dict(dict(model.to_dict(), path_weights={"tp": 1.0, "pp": 1.5, "ep": 2.0}))
     with pytest.raises(CalibError, match="path_weights .* differ"):  # a replay pace alone is read by them too
         HostModel.from_dict({"launch_s": 1e-5, "replay_pace_per_path": 1.2, "path_weights": {"tp": 2.0}})
 
@@ -551,7 +559,7 @@ def test_host_costs_follow_the_pace_up_to_the_longest_fitted_path() -> None:
 def test_pace_held_where_the_bounds_leave_one_value() -> None:
     from calib.models.host import _PaceSearch
 
-    # A TP run whose host has no room above the one-GPU costs pins the pace at 1.
+    # A run on a longer code path whose host has no room above the one-GPU costs pins the pace at 1.
     tight = Run("t", "T", 0.1, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), path=1.0)
     loose = Run("l", "L", 0.2, 0, lambda c, s, p: max(0.05, 2000 * c), host_work=((2000, 0, 0),), path=2.0)
     search = _PaceSearch([tight, loose], 0.0, (50e-6, 0.0, 0.0))

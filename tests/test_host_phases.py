@@ -10,6 +10,7 @@ from tests.conftest import ROOT, load_benchmark
 # Rounds committed with their results (host-phases-12 is committed as its summary only).
 PROBE_ROUNDS = sorted(d for d in (ROOT / "traces").glob("*/_probes/host-phases-*") if any(d.glob("*.json.[gx]z")))
 SUMMARY_12 = ROOT / "traces" / "h200" / "_probes" / "host-phases-12" / "summary.json"
+SUMMARY_13 = ROOT / "traces" / "h200" / "_probes" / "host-phases-13" / "summary.json"
 
 
 def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
@@ -158,3 +159,20 @@ def test_round_12_is_committed_as_the_summary_its_reader_prints():
         assert loop["gpu_interval_ms"] >= loop["kernels_ms"] > 0, name
     bench = load_benchmark("host_phases")
     assert bench.main([str(SUMMARY_12.parent), "--gpu"]) == 0
+
+
+def test_round_13_times_tensor_parallelism_beside_data_parallelism_on_one_lease():
+    """Round 13 (forty-first session, 2 x H200): the Mixtral trio of round 12 and Llama-3 8B with TP 2 and DP 2 at
+    sequence 256, committed as the summary; on this lease TP's launches cost the host more than DP's, dense and MoE
+    (docs/host.md, "Tensor parallelism adds no pace": what the probe says against the weight of 0)."""
+    import json
+
+    runs = json.loads(SUMMARY_13.read_text())["runs"]
+    assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-mixtral-ep2-s256-mb4", "2gpu-mixtral-dp2-s256",
+                         "2gpu-llama8b-tp2-s256", "2gpu-llama8b-dp2-s256"}
+    per = {name: run["phases"] for name, run in runs.items()}
+    for phase in ("forward_us_per_launch", "backward_us_per_launch"):
+        assert per["2gpu-llama8b-tp2-s256"][phase] > per["2gpu-llama8b-dp2-s256"][phase]
+        assert per["2gpu-mixtral-tp2-sp-s256"][phase] > per["2gpu-mixtral-dp2-s256"][phase]
+    bench = load_benchmark("host_phases")
+    assert bench.main([str(SUMMARY_13.parent), "--gpu"]) == 0

@@ -240,25 +240,25 @@ def test_host_costs_follow_the_code_path_up_to_the_longest_measured(calibration)
 
     from calib.models.host import HostModel
 
-    host = HostModel(20e-6, 1e-4, pace_per_path=1.5, fitted_paths=[0.0, 1.0])
-    cal = dataclasses.replace(calibration, host=host.to_dict())
-    model = resolve_model("gpt3-1.3b").scaled_down(2, 1024)
-    cluster = load_cluster("dgx-h200")
-
-    def run(gpus: int, tp: int = 1, pp: int = 1):
+    def run(gpus: int, tp: int = 1, pp: int = 1, fitted: tuple[float, ...] = (0.0, 1.5)):
+        host = HostModel(20e-6, 1e-4, pace_per_path=1.5, fitted_paths=list(fitted))
+        cal = dataclasses.replace(calibration, host=host.to_dict())
         dp = gpus // (tp * pp)
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=2 * dp)
-        return project(model, par, cluster, cal)
+        return project(resolve_model("gpt3-1.3b").scaled_down(2, 1024), par, load_cluster("dgx-h200"), cal)
 
-    one, dp16, tp2, tp2pp2 = run(1), run(16), run(2, tp=2), run(8, tp=2, pp=2)
+    one, dp16, tp2, pp2, tp2pp2 = run(1), run(16), run(2, tp=2), run(2, pp=2), run(8, tp=2, pp=2)
     line = lambda r: next(c for c in r.calibrated if c.startswith("host:"))  # noqa: E731
-    # Data parallelism takes the one-GPU path however many GPUs share a host.
-    assert "20.0 us per kernel launch" in line(one) and "20.0 us per kernel launch" in line(dp16)
-    assert "30.0 us per kernel launch" in line(tp2) and "TP 2 / PP 1 / EP 1" in line(tp2)
-    # TP with PP goes past the longest path measured (TP alone): held there, and the report says so.
-    assert "30.0 us per kernel launch" in line(tp2pp2)
-    assert any("longest code path measured" in n for n in tp2pp2.notes)
-    assert not any("longest code path measured" in n for n in tp2.notes)
+    # Data and tensor parallelism take the one-GPU path however many GPUs share a host (TP's own cost is
+    # its rendezvous); PP takes its weight of 1.5.
+    assert all("20.0 us per kernel launch" in line(r) for r in (one, dp16, tp2))
+    assert "TP 2 / PP 1 / EP 1" in line(tp2)
+    assert f"{20 * 1.5**1.5:.1f} us per kernel launch" in line(pp2) and line(tp2pp2) == line(pp2).replace("TP 1", "TP 2")
+    assert not any("longest code path measured" in n for r in (tp2, pp2, tp2pp2) for n in r.notes)
+    # PP beyond the longest path measured (one GPU only): held there, and the report says so.
+    held = run(2, pp=2, fitted=(0.0,))
+    assert "20.0 us per kernel launch" in line(held)
+    assert any("longest code path measured" in n for n in held.notes)
 
 
 def test_energy_counts_the_generated_gemm_and_attention_work(calibration, main_result) -> None:

@@ -11,10 +11,11 @@ Parameters (seconds):
   the device; the schedule's work between micro-batches follows before the next launch). Fitted
   on the pipeline-parallel runs only; a calibration without it uses `sync_s`.
 - `pace_per_path`: the factor every one of them grows by per unit of the run's parallel code path,
-  `path_exponent(tp, pp, ep)` (`PATH_WEIGHTS`: what tensor, pipeline and expert parallelism add to
-  each launch's Python and autograd work; data parallelism adds none); the costs are kept at the
-  one-GPU path (`HostModel.on_path(tp, pp, ep)` gives a run's, no further than the largest fitted
-  path, `fitted_paths`). Fitted only where the runs took more than one path.
+  `path_exponent(tp, pp, ep)` (`PATH_WEIGHTS`: what pipeline and expert parallelism add to each
+  launch's Python and autograd work; data and tensor parallelism add none, TP's own cost being the TP
+  rendezvous below); the costs are kept at the one-GPU path (`HostModel.on_path(tp, pp, ep)` gives a
+  run's, no further than the largest fitted path, `fitted_paths`). Fitted only where the runs took
+  more than one path.
 - `tp_rendezvous_s`: what a blocking collective of the TP group keeps the compute stream beyond its
   transfer (calib.workload.host, "the TP rendezvous"; not scaled by the pace), fitted on the runs with TP.
 - `own_launch_ref_s`: the trainer's own launch pace (measure/own_pace.py: seconds per tiny launch, timed
@@ -79,14 +80,18 @@ DENSE = 4001  # costs at which the bound is evaluated, over [0, top]
 SAME = 2.0**-14  # costs closer than this fraction of the bracket are one (61 ns of launch, 3 us of sync)
 # What each parallel dimension adds to the host's work per launch, as exponents of the fitted pace
 # (a dimension counts once when its degree is over 1: the code path is taken or not; the committed
-# TP 4 and EP 4 runs needed about the cost per launch of the TP 2 and EP 2 ones). Taken from
+# EP 4 runs needed about the cost per launch of the EP 2 ones). PP's and EP's taken from
 # measure/probes/host_phases.py, not fitted: the backward's host per launch on two H200s against a
-# data-parallel run of the same lease, rounds 3-4 (docs/host.md, "Host time per phase"): TP 2
-# 1.26-1.55x, PP 2 (first stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in units of
-# TP's, rounded: 1, 1.42, 1.91. Rounds 6-7 counted the driver API's launches too and found smaller
-# ratios (TP 1.11x, PP 1.02x, EP 1.09-1.43x); PP's weight taken down to match fitted the measured
-# steps worse, so these stand (docs/host.md, "Code-path ratios counted in full").
-PATH_WEIGHTS = {"tp": 1.0, "pp": 1.5, "ep": 2.0}
+# data-parallel run of the same lease, rounds 3-4 (docs/host.md, "Host time per phase"): PP 2 (first
+# stage) 1.61x, EP 2 1.79-2.02x, DP 2 as on one GPU; their log2 in units of TP's 1.26-1.55x, rounded:
+# 1.42, 1.91. Rounds 6-7 counted the driver API's launches too and found smaller ratios (TP 1.11x,
+# PP 1.02x, EP 1.09-1.43x); PP's weight taken down to match fitted the measured steps worse, so these
+# stand (docs/host.md, "Code-path ratios counted in full"). TP's weight was 1 until the TP rendezvous
+# (fitted per blocking TP collective) took up what TP adds: one pace then had to serve TP and EP, which
+# pull it apart (the Mixtral runs with TP and sequence parallelism want less host time per launch than
+# one GPU, those with EP more), and sat at its floor of 1; at 0 the H200's host fit is 4.94 -> 4.48 %
+# held out (docs/host.md, "Tensor parallelism adds no pace"; benchmarks/host_path_weights.py).
+PATH_WEIGHTS = {"tp": 0.0, "pp": 1.5, "ep": 2.0}
 # The TP rendezvous (calib.workload.host) is fitted last, on the runs with TP, from each run's step at
 # 0 and at this trial value: their difference over it is how much of a rendezvous the run's step shows
 # (the blocking collectives on its critical path; under host slack, none), and the step is taken as
@@ -648,9 +653,9 @@ def fit_runs(runs: Sequence[_Run], cross_validate: bool = True) -> tuple[HostMod
                             f"host.launch_s and host.sync_s over {_short([r.id for r in piped])}" if piped else
                             "not calibrated: no pipeline-parallel training bundle (host.sync_s is used)"),
         "host.pace_per_path": (
-            "calibrated: the factor on every host cost per unit of the parallel code path (exponents TP "
-            f"{PATH_WEIGHTS['tp']:g}, PP {PATH_WEIGHTS['pp']:g}, EP {PATH_WEIGHTS['ep']:g}, measured by "
-            "measure/probes/host_phases.py; DP 0), minimising the same error over runs on paths "
+            "calibrated: the factor on every host cost per unit of the parallel code path (exponents PP "
+            f"{PATH_WEIGHTS['pp']:g} and EP {PATH_WEIGHTS['ep']:g}, measured by measure/probes/host_phases.py; "
+            f"TP {PATH_WEIGHTS['tp']:g}, its cost the TP rendezvous; DP 0), minimising the same error over runs on paths "
             f"{', '.join(f'{g:g}' for g in paths)}; not extrapolated beyond {max(paths):g}" if off else
             f"not calibrated: every training bundle took code path {paths[0]:g} (no pace: costs as fitted)"),
         "host.tp_rendezvous_s": (
