@@ -176,3 +176,15 @@ def test_round_13_times_tensor_parallelism_beside_data_parallelism_on_one_lease(
         assert per["2gpu-mixtral-tp2-sp-s256"][phase] > per["2gpu-mixtral-dp2-s256"][phase]
     bench = load_benchmark("host_phases")
     assert bench.main([str(SUMMARY_13.parent), "--gpu"]) == 0
+
+
+def test_round_14_is_the_probe_beside_calib_measure_on_one_lease():
+    """Round 14 (forty-first session, 2 x H200): the probe between two `calib measure` passes of the same three
+    configurations; its summary holds the probe's three runs, which the reader prints."""
+    import json
+
+    summary = ROOT / "traces" / "h200" / "_probes" / "host-phases-14" / "summary.json"
+    runs = json.loads(summary.read_text())["runs"]
+    assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-llama8b-tp2-s256", "2gpu-mixtral-ep2-s256"}
+    assert all(run["phases"]["step_ms"] > 0 and run["gpu_idle"]["step"]["kernels_ms"] > 0 for run in runs.values())
+    assert load_benchmark("host_phases").main([str(summary.parent), "--gpu"]) == 0
