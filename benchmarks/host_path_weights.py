@@ -62,6 +62,19 @@ def training_bundles(dirs: list[str]) -> tuple[list, object]:
     return chosen, Calibration.load(str(default_calibration_path(chosen[0].manifest.gpu.name)))
 
 
+def prepared_runs(chosen: list, cal: object) -> tuple[list, list[float | None], float | None]:
+    """Each bundle's generated step (calib.models.host.prepare_run, not yet at its own pace), its trainer's own
+    launch pace (None: not timed) and the reference pace, as calib.models.host.fit_host reads them."""
+    from calib.models.host import _collector_paused, own_pace_reference, prepare_run
+    from calib.validation.measured import measured_own_launch_s
+
+    paces = [measured_own_launch_s(b) for b in chosen]
+    kernel = cal.kernel_model()  # type: ignore[attr-defined]
+    with _collector_paused():
+        runs = [prepare_run(b, kernel, cal) for b in chosen]
+    return runs, paces, own_pace_reference(paces)
+
+
 def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
     """One variant's fitted host costs, its leave-one-configuration-out error and its worst held-out runs."""
     print(f"{name:14s} launch {model.launch_s * 1e6:5.1f} us  sync {model.sync_s * 1e6:5.1f} us  "  # type: ignore[attr-defined]
@@ -72,25 +85,13 @@ def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from calib.models.host import (
-        PATH_WEIGHTS,
-        _collector_paused,
-        fit_runs,
-        own_pace_factor,
-        own_pace_reference,
-        path_exponent,
-        prepare_run,
-    )
-    from calib.validation.measured import measured_own_launch_s
+    from calib.models.host import PATH_WEIGHTS, _collector_paused, fit_runs, own_pace_factor, path_exponent
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
     # Each run at its trainer's own pace where it timed one, as calib.models.host.fit_host prepares them.
-    paces = [measured_own_launch_s(b) for b in chosen]
-    ref = own_pace_reference(paces)
-    with _collector_paused():
-        runs = [prepare_run(b, cal.kernel_model(), cal).at_own_pace(own_pace_factor(t, ref))  # type: ignore[attr-defined]
-                for b, t in zip(chosen, paces, strict=True)]
+    prepared, paces, ref = prepared_runs(chosen, cal)
+    runs = [r.at_own_pace(own_pace_factor(t, ref)) for r, t in zip(prepared, paces, strict=True)]
     by_id = {b.id: b for b in chosen}
     for name in names:
         w = VARIANTS[name]

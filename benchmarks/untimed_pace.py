@@ -22,21 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str]) -> int:
-    from calib.bundle.io import load_bundles
-    from calib.calibration import Calibration
+    from host_path_weights import prepared_runs, training_bundles
+
     from calib.models import host
-    from calib.validation.measured import is_real_gpu, measured_own_launch_s
 
     gpu = next((a for a in argv if a in ("h200", "h100")), "h200")
     factors = [float(a) for a in argv if a not in ("h200", "h100")] or [1.0, 0.9, 1.1]
-    cal = Calibration.load(ROOT / "calib" / "data" / f"calibration-{gpu}.yaml")
-    bundles = [b for b in load_bundles([ROOT / "traces" / gpu])
-               if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
-    paces = [measured_own_launch_s(b) for b in bundles]
-    ref = host.own_pace_reference(paces)
-    kernel = cal.kernel_model()
-    with host._collector_paused():
-        prepared = [host.prepare_run(b, kernel, cal) for b in bundles]
+    bundles, cal = training_bundles([str(ROOT / "traces" / gpu)])
+    prepared, paces, ref = prepared_runs(bundles, cal)
     print(f"{gpu}: {len(bundles)} runs, {sum(p is not None for p in paces)} timed their own pace")
     for u in factors:
         runs = [r.at_own_pace(host.own_pace_factor(p, ref) if p is not None else u)
