@@ -142,14 +142,18 @@ def gpu_idle(run: dict) -> pd.DataFrame:
 
 
 def summary(runs: list[dict]) -> dict:
-    """What `--gpu` prints, per GPU-stamped run, as JSON: where a round's full results are not committed
-    (traces/h200/_probes/host-phases-12)."""
+    """What the reader prints, per run, as JSON: where a round's full results are not committed (host-phases-12 on,
+    and rounds 1-10 since the forty-second session). Every run keeps its phases and modules tables; a GPU-stamped
+    run also its `--gpu` table."""
     out = {}
-    for r in (r for r in runs if r.get("gpu_spans")):
-        out[r["name"]] = {"phases": phases(r), "gpu_stamped_step_ms": float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3,
-                          "gpu_idle": gpu_idle(r).to_dict(orient="index")}
-    return {"what": "benchmarks/host_phases.py --gpu per run (ms): the phases table and the GPU-stamped idle per phase",
-            "runs": out}
+    for r in runs:
+        kept: dict = {"phases": phases(r), "modules": modules(r).to_dict(orient="index")}
+        if r.get("gpu_spans"):
+            kept["gpu_stamped_step_ms"] = float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3
+            kept["gpu_idle"] = gpu_idle(r).to_dict(orient="index")
+        out[r["name"]] = kept
+    return {"what": "benchmarks/host_phases.py per run (ms): the phases table, the modules table (--modules) and, for "
+                    "GPU-stamped runs, the idle per phase (--gpu)", "runs": out}
 
 
 def _print_gpu(name: str, stamped_ms: float, plain_ms: float, table: pd.DataFrame) -> None:
@@ -169,8 +173,11 @@ def main(argv: list[str]) -> int:
         if not runs and (d / "summary.json").is_file():  # a round committed as its summary only
             kept = json.loads((d / "summary.json").read_text())["runs"]
             print(pd.DataFrame([v["phases"] for v in kept.values()]).set_index("run").round(1).to_string())
+            if show_modules:
+                for name, v in ((n, v) for n, v in kept.items() if "modules" in v):  # rounds 12-14 kept none
+                    print(f"\n{name}\n{pd.DataFrame.from_dict(v['modules'], orient='index').round(1).to_string()}")
             if show_gpu:
-                for name, v in kept.items():
+                for name, v in ((n, v) for n, v in kept.items() if "gpu_idle" in v):
                     _print_gpu(name, v["gpu_stamped_step_ms"], v["phases"]["step_ms"],
                                pd.DataFrame.from_dict(v["gpu_idle"], orient="index"))
             continue

@@ -28,6 +28,7 @@ import numpy as np
 from calib.bundle.io import Bundle, bundle_sha256, load_bundles, read_bundle
 from calib.errors import CalibError
 from calib.models.common import MODEL_FREE_METHODS
+from calib.models.host import run_own_launch
 from calib.validation import engine
 from calib.validation.depth import depth_series, depth_summary
 from calib.validation.measured import (
@@ -39,6 +40,7 @@ from calib.validation.measured import (
     measured_step,
     model_name,
     parallelism_type,
+    profiled_span_per_node_s,
 )
 from calib.validation.prospective import committed_predictions
 from calib.validation.replay import check_replayable, read_run_traces, simulate_replay
@@ -81,8 +83,17 @@ def _run_error(b: Bundle, kind: str, measured: object, predicted: float | None, 
         measured_step_s=measured.time_s, measured_steps=measured.steps, predicted_step_s=predicted,
         error_pct=relative_error_pct(predicted, measured.time_s),
         measured_spread=measured.spread, host_work_s=measured_host_work_s(b), own_launch_s=measured_own_launch_s(b),
+        profiled_span_s=_profiled_span(b),
         **kw,  # type: ignore[arg-type]
     )
+
+
+def _profiled_span(b: Bundle) -> float | None:
+    """The run's profiled span per node for the report; None where its ETs cannot say (the replay's note has why)."""
+    try:
+        return profiled_span_per_node_s(b)
+    except CalibError:
+        return None
 
 
 def _mean_busy_s(result: object) -> dict[str, float]:
@@ -388,7 +399,7 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
         host = cal.host_model() if getattr(cal, "host", None) else None  # type: ignore[attr-defined]
         if host is not None:
             spec = b.manifest.spec
-            host = host.on_path(spec.tp, spec.pp, spec.ep).at_own_pace(measured_own_launch_s(b))
+            host = host.on_path(spec.tp, spec.pp, spec.ep).at_own_pace(run_own_launch(b, host)[0])
         if host is not None and host.replay_launch_s is not None:  # launches at the calibrated cost
             from calib.sim import simulate
             from calib.validation.replay import replay_workload

@@ -151,7 +151,8 @@ def test_runs_sampled_for_their_host_pace_get_a_section(tmp_path: Path) -> None:
     without either are left out, and with none sampled there is no section."""
     import dataclasses
 
-    slow = dataclasses.replace(_run("a", HELDOUT, 1.0, 1.1), host_work_s=2.4e-3, own_launch_s=11.5e-6)
+    slow = dataclasses.replace(_run("a", HELDOUT, 1.0, 1.1), host_work_s=2.4e-3, own_launch_s=11.5e-6,
+                               profiled_span_s=150e-6)
     fast = dataclasses.replace(_run("a2", HELDOUT, 0.8, 1.1), config="cfg-a", host_work_s=1.2e-3)
     own_only = dataclasses.replace(_run("c", HELDOUT, 0.5, 0.5), config="cfg-c", own_launch_s=6.7e-6)
     runs = [slow, fast, dataclasses.replace(_run("a", REPLAY, 1.0, 1.05), host_work_s=2.4e-3), own_only,
@@ -160,9 +161,9 @@ def test_runs_sampled_for_their_host_pace_get_a_section(tmp_path: Path) -> None:
     paths = write_reports(report, tmp_path)
     md = paths["md"].read_text()
     section = md.split("## Host pace", 1)[1]
-    assert "| a2 | cfg-a | 800.00 | n/a | 1.20 | - | +37.50% | n/a |" in section
-    assert "| a | cfg-a | 1000.00 | n/a | 2.40 | 11.50 | +10.00% | +5.00% |" in section
-    assert "| c | cfg-c | 500.00 | n/a | - | 6.70 | +0.00% | n/a |" in section  # timed by the trainer alone
+    assert "| a2 | cfg-a | 800.00 | n/a | 1.20 | - | - | +37.50% | n/a |" in section
+    assert "| a | cfg-a | 1000.00 | n/a | 2.40 | 11.50 | 150.0 | +10.00% | +5.00% |" in section
+    assert "| c | cfg-c | 500.00 | n/a | - | 6.70 | - | +0.00% | n/a |" in section  # timed by the trainer alone
     assert section.index("| a2 |") < section.index("| a |") and "| b |" not in section
     assert "Host pace" in paths["html"].read_text()
     plain = ValidationReport(runs=runs[4:], models=[], summary=summarize(runs[4:], real_bundles=1), calibration={})

@@ -23,6 +23,9 @@ Parameters (seconds):
   over the fitted runs that timed it. A run whose trainer timed its own pace has its launch and sync
   costs (not the TP rendezvous) scaled by `own_pace_factor`: its pace over this one. None: no fitted run
   timed it (no scaling). Projections are at this pace unless given another.
+- `profiled_pace`: the own launch pace expected of a run from its profiled step's span per node
+  (calib.models.profiled_pace), fitted over the timed runs; a run that did not time its pace is fitted and
+  predicted at the pace it gives (`run_own_launch`). None: too few timed runs (such runs at the reference).
 The generator (calib.workload.generate with `host=`) puts them into the ET as ASTRA-sim CPU ops.
 
 Fit (`fit_host`): for every training bundle, the generated step of its configuration (kernel
@@ -64,6 +67,8 @@ import numpy as np
 
 from calib.errors import CalibError
 from calib.models.common import error_stat
+from calib.models.profiled_pace import MIN_RUNS as PROFILED_PACE_MIN_RUNS
+from calib.models.profiled_pace import ProfiledPace, fit_profiled_pace, own_launch_of
 from calib.workload.host import SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
@@ -138,6 +143,8 @@ class HostModel:
     tp_rendezvous_microbatches: int | None = None
     # The trainer's own launch pace (seconds per tiny launch) the costs hold at; None: no fitted run timed it.
     own_launch_ref_s: float | None = None
+    # The own launch pace of a run that did not time it, from its profiled step; None: not fitted (reference pace).
+    profiled_pace: ProfiledPace | None = None
 
     def pace(self, path: float, replay: bool = False) -> float:
         """The factor on every host cost of a run whose code path has exponent `path`, no further than
@@ -203,6 +210,7 @@ class HostModel:
             "replay_tp_rendezvous_s": None if self.replay_tp_rendezvous_s is None else float(self.replay_tp_rendezvous_s),
             "tp_rendezvous_microbatches": self.tp_rendezvous_microbatches,
             "own_launch_ref_s": None if self.own_launch_ref_s is None else float(self.own_launch_ref_s),
+            "profiled_pace": None if self.profiled_pace is None else self.profiled_pace.to_dict(),
             "path_weights": dict(PATH_WEIGHTS),  # what the pace was fitted with (checked on reading)
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
@@ -248,9 +256,10 @@ class HostModel:
         ref = _optional_cost(data, "own_launch_ref_s")
         if ref is not None and ref <= 0:
             raise CalibError(f"calibration host section: own_launch_ref_s {ref} must be > 0 (seconds per launch)")
+        line = None if data.get("profiled_pace") is None else ProfiledPace.from_dict(data["profiled_pace"])
         return cls(launch, sync, replay, dict(data.get("sync_points") or SYNC_AFTER), list(data.get("runs") or []),
                    dict(data.get("provenance") or {}), rsync, p2p, rp2p, pace, rpace, paths, rendezvous, rrendezvous,
-                   most, ref)
+                   most, ref, line)
 
 
 def path_pace(per_path: float, path: float) -> float:
@@ -266,6 +275,16 @@ def own_pace_factor(own_launch_s: float | None, ref_s: float | None) -> float:
     if not (math.isfinite(own_launch_s) and own_launch_s > 0):
         raise CalibError(f"own launch pace {own_launch_s!r} s must be a positive number")
     return float((own_launch_s / ref_s) ** OWN_PACE_SLOPE)
+
+
+def run_own_launch(bundle: Any, host: HostModel | None) -> tuple[float | None, str | None]:
+    """The own launch pace a training bundle's run is simulated at, and where it came from: its trainer's timing,
+    else the pace `host.profiled_pace` gives its profiled step, else (None, None): the reference pace."""
+    from calib.validation.measured import measured_own_launch_s, profiled_span_per_node_s
+
+    timed = measured_own_launch_s(bundle)
+    line = None if host is None else host.profiled_pace
+    return own_launch_of(timed, None if timed is not None or line is None else profiled_span_per_node_s(bundle), line)
 
 
 def own_pace_reference(paces: Iterable[float | None]) -> float | None:
@@ -805,24 +824,34 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
              cross_validate: bool = True) -> tuple[HostModel, dict]:
     """Fit the host model on the training bundles among `bundles` (real GPU runs only); return it and
     its cross-validated step-time error {mape, max, count, method} (percent; {} without `cross_validate`)."""
-    from calib.validation.measured import is_real_gpu, measured_own_launch_s
+    from calib.validation.measured import is_real_gpu, measured_own_launch_s, profiled_span_per_node_s
 
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
-    paces = [measured_own_launch_s(b) for b in chosen]  # read once: each reads the bundle's steps table
-    ref = own_pace_reference(paces)
+    timed_paces = [measured_own_launch_s(b) for b in chosen]  # read once: each reads the bundle's steps table
+    spans = [profiled_span_per_node_s(b) for b in chosen]
+    ref = own_pace_reference(timed_paces)
+    line = fit_profiled_pace(spans, timed_paces)
+    paces = [own_launch_of(t, s, line)[0] for t, s in zip(timed_paces, spans, strict=True)]
     with _collector_paused():
         runs = [prepare_run(b, kernel_model, calibration_without_host).at_own_pace(own_pace_factor(t, ref))
                 for b, t in zip(chosen, paces, strict=True)]
         model, err = fit_runs(runs, cross_validate)
-    model.own_launch_ref_s = ref
-    timed = [b.id for b, t in zip(chosen, paces, strict=True) if t is not None]
+    model.own_launch_ref_s, model.profiled_pace = ref, line
+    timed = [b.id for b, t in zip(chosen, timed_paces, strict=True) if t is not None]
     model.provenance["host.own_launch_ref_s"] = (
         f"calibrated: the median own launch pace of the {len(timed)} fitted runs whose trainer timed it "
         f"({_short(timed)}); their launch and sync costs were fitted as these costs times (own pace / it)"
         f"^{OWN_PACE_SLOPE:g}" if ref is not None else
         "not calibrated: no fitted run timed its trainer's own pace (costs not scaled by it)")
+    estimated = sum(t is None and p is not None for t, p in zip(timed_paces, paces, strict=True))
+    model.provenance["host.profiled_pace"] = (
+        f"calibrated: log(own launch pace) against log(the profiled step's span per node), least squares over the "
+        f"{line.runs} timed runs with converted ETs (slope {line.slope:.3f}, r {line.r:+.2f}); the {estimated} fitted "
+        "runs that did not time their pace were fitted at the pace it gives them" if line is not None else
+        f"not calibrated: fewer than {PROFILED_PACE_MIN_RUNS} timed runs with converted ETs (untimed runs at the "
+        "reference pace)")
     return model, err
 
 
@@ -885,7 +914,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
     `launch_s` (per generated launch) is not the cost of one real launch. Fitted with its own sync
     cost (`replay_sync_s`) exactly like `launch_s` and `sync_s` (fit_runs on the replays), with its
     leave-one-configuration-out error. Returns a copy of `host` with both set."""
-    from calib.validation.measured import is_real_gpu, measured_own_launch_s
+    from calib.validation.measured import is_real_gpu
 
     runs = []
     skipped = []
@@ -893,7 +922,7 @@ def fit_replay_launch(bundles: Sequence[Any], calibration: Any, host: HostModel)
         if b.manifest.kind != "training" or not is_real_gpu(b) or b.manifest.spec is None or not b.et_files():
             continue
         try:
-            pace = own_pace_factor(measured_own_launch_s(b), host.own_launch_ref_s)
+            pace = own_pace_factor(run_own_launch(b, host)[0], host.own_launch_ref_s)
             runs.append(replay_run(b, calibration, host.sync_s).at_own_pace(pace))
         except CalibError as exc:  # a run that cannot be replayed (PP without send/recv) has no say
             skipped.append(f"{b.id}: {exc}")

@@ -83,13 +83,15 @@ def replay_network(bundle: Bundle, calibration: object) -> tuple[object, object]
 
 def predict(bundle: Bundle, calibration: object) -> Prediction:
     """Generate the run's step from its spec with this calibration, simulate it, return step time etc."""
+    from calib.models.host import run_own_launch
     from calib.project import project
-    from calib.validation.measured import measured_own_launch_s
 
     spec = bundle.manifest.spec
-    # At the run's own host pace where its trainer timed it (calib.models.host, own_launch_ref_s).
+    # At the run's own host pace: timed by its trainer, else read from its profiled step (calib.models.host,
+    # own_launch_ref_s and profiled_pace).
+    host = calibration.host_model() if getattr(calibration, "host", None) else None  # type: ignore[attr-defined]
     result = project(model_of(spec), parallel_of(spec), host_cluster(bundle), calibration,
-                     own_launch_s=measured_own_launch_s(bundle))
+                     own_launch_s=run_own_launch(bundle, host)[0])
     data = result.to_json() if hasattr(result, "to_json") else dict(result)
     breakdown = {str(k): float(v) for k, v in (data.get("breakdown_s") or {}).items()}
     energy = data.get("energy_j_per_step")

@@ -10,6 +10,7 @@ The measured step time is the figure every validation error is taken against:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,31 @@ def measured_own_launch_s(bundle: Bundle) -> float | None:
     timed = steps.loc[~steps["profiled"].astype(bool), ["rank", "own_launch_s"]]
     timed = timed[np.isfinite(timed["own_launch_s"].to_numpy(dtype=float))]
     return float(timed.groupby("rank")["own_launch_s"].median().max()) if len(timed) else None
+
+
+def profiled_span_per_node_s(bundle: Bundle) -> float | None:
+    """Seconds of the profiled step's GPU timeline (its converted ETs: the last node's end less the first
+    node's start) per converted node, the slowest rank's. Under the profiler a step waits for its host, so this
+    is the launching host's time per launch under the profiler (calib.models.profiled_pace). None where the
+    bundle has no converted ETs."""
+    files = bundle.et_files()
+    if not files:
+        return None
+    return max(_span_per_node_s(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+
+
+@functools.lru_cache(maxsize=4096)
+def _span_per_node_s(path: str, mtime_ns: int, size: int) -> float:
+    """One ET's span per node (cached by path, time and size: a validation asks for every run's in each of its
+    held-out fits)."""
+    from calib.chakra.codec import read_et
+
+    nodes = read_et(path).nodes
+    if not nodes:
+        raise CalibError(f"{path}: an execution trace without nodes has no profiled span")
+    start = min(n.start_time_micros for n in nodes)
+    end = max(n.start_time_micros + n.duration_micros for n in nodes)
+    return (end - start) * 1e-6 / len(nodes)
 
 
 def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:

@@ -180,10 +180,12 @@ HOST_PACE_TEXT = ("Runs measured with the host's pace beside them (`calib measur
                   "slower host. A step that waits for the host moves with its launching threads' CPUs, which "
                   "on the H200 hosts the second process does not see and the own launch timing does. The host "
                   "model scales a timed run's launch and sync costs by its own launch pace (calib.models.host, "
-                  "own_launch_ref_s); host work is informative only: it says which errors the host's pace on "
-                  "the day can explain.")
-HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "own launch us", "held-out error",
-                  "replay error")
+                  "own_launch_ref_s), and a run that did not time it by the pace its profiled step gives: under the "
+                  "profiler a step waits for its host, and the profiled step's span per converted node (profiled "
+                  "us) follows the timed pace (calib.models.profiled_pace, host.profiled_pace); host work is "
+                  "informative only: it says which errors the host's pace on the day can explain.")
+HOST_PACE_HEAD = ("run", "configuration", "measured ms", "spread", "host work ms", "own launch us", "profiled us",
+                  "held-out error", "replay error")
 
 
 def _host_pace_rows(report: ValidationReport) -> list[tuple[str, ...]]:
@@ -193,6 +195,7 @@ def _host_pace_rows(report: ValidationReport) -> list[tuple[str, ...]]:
     return [(r.run, r.config, _ms(r.measured_step_s), _spread(r),
              "-" if r.host_work_s is None else f"{r.host_work_s * 1e3:.2f}",
              "-" if r.own_launch_s is None else f"{r.own_launch_s * 1e6:.2f}",
+             "-" if r.profiled_span_s is None else f"{r.profiled_span_s * 1e6:.1f}",
              _pct(by_kind.get((r.run, HELDOUT)), signed=True), _pct(by_kind.get((r.run, REPLAY)), signed=True))
             for r in sorted(sampled, key=lambda r: (r.config, r.host_work_s or 0.0))]
 

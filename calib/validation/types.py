@@ -61,6 +61,10 @@ class RunError:
     # Median seconds per tiny launch timed in the trainer's own thread after each measured step (larger: slower
     # CPUs under the launching threads; calib.validation.measured.measured_own_launch_s); None where not timed.
     own_launch_s: float | None = None
+    # Seconds of the profiled step's timeline per converted node, the slowest rank's
+    # (calib.validation.measured.profiled_span_per_node_s): where own_launch_s is None, the run is simulated at the
+    # own launch pace the calibration's host.profiled_pace gives this; None where the bundle has no converted ETs.
+    profiled_span_s: float | None = None
 
     @property
     def abs_error_pct(self) -> float | None:

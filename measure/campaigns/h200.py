@@ -429,6 +429,11 @@ ROUND34 = repeats(["mixtral-1gpu-s256", "mixtral-tp2-sp-s256"], "raw34", "--keep
 # "Where the one-GPU MoE steps idle"; benchmarks/gpu_idle.py).
 DEPTH_SERIES = ["mixtral-1gpu-L1", "mixtral-1gpu", "mixtral-1gpu-L3"]
 ROUND35 = [*repeats(DEPTH_SERIES, "idle35"), *repeats(DEPTH_SERIES, "idle35b")]
+# Round 36 (forty-first session, 2 x H200, committed in the forty-second): round 32's configurations measured twice on
+# one lease, a pass before and a pass after the host-phase probe (traces/h200/_probes/host-phases-14), to set the
+# probe's steps against `calib measure`'s. Run under round 32's ids (`--only` of ROUND32's first three) and renamed
+# -r36 (first pass) and -r36b (second) when committed; _campaigns/x2-round36 keeps both passes' campaign.json as run.
+ROUND36 = [*repeats(ROUND32_BASE, "r36"), *repeats(ROUND32_BASE, "r36b")]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -532,6 +537,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND33]
     jobs += [t(r) for r in ROUND34]
     jobs += [t(r) for r in ROUND35]
+    jobs += [t(r) for r in ROUND36]
     return jobs
 
 

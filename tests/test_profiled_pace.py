@@ -1,0 +1,108 @@
+"""A run's host pace from its profiled step (calib.models.profiled_pace), for the runs that did not time their own."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from calib.bundle.io import read_bundle
+from calib.errors import CalibError
+from calib.models.host import HostModel, own_pace_factor, run_own_launch
+from calib.models.profiled_pace import (
+    MIN_RUNS,
+    PROFILED,
+    TIMED,
+    ProfiledPace,
+    fit_profiled_pace,
+    own_launch_of,
+)
+from calib.validation.measured import measured_own_launch_s, measured_step, profiled_span_per_node_s
+from tests.conftest import TRACES
+
+H200 = TRACES / "h200"
+
+
+def test_the_line_is_least_squares_in_log_log_over_the_timed_runs_only():
+    spans = [100e-6 * 1.1**i for i in range(MIN_RUNS)]
+    paces = [3e-4 * s**0.5 for s in spans]  # exactly on a line of slope 0.5
+    line = fit_profiled_pace([*spans, 5e-4, None], [*paces, None, 9e-6])  # an untimed run and one without ETs
+    assert line is not None and line.runs == MIN_RUNS
+    assert line.slope == pytest.approx(0.5) and line.r == pytest.approx(1.0)
+    assert line.own_launch_s(400e-6) == pytest.approx(3e-4 * 400e-6**0.5)
+
+
+def test_too_few_timed_runs_or_no_slope_leave_the_line_unfitted():
+    spans = [100e-6 * 1.1**i for i in range(MIN_RUNS)]
+    assert fit_profiled_pace(spans[:-1], [1e-5] * (MIN_RUNS - 1)) is None
+    assert fit_profiled_pace(spans, [1e-5 / (1 + i) for i in range(MIN_RUNS)]) is None  # pace falls with the span
+    assert fit_profiled_pace([1e-4] * MIN_RUNS, [1e-5 * (1 + i) for i in range(MIN_RUNS)]) is None  # one span
+
+
+def test_a_timed_pace_wins_and_an_untimed_run_without_a_line_stays_at_the_reference():
+    line = ProfiledPace(slope=0.66, log_intercept=-5.75, runs=40, r=0.69)
+    assert own_launch_of(8e-6, 1e-4, line) == (8e-6, TIMED)
+    pace, source = own_launch_of(None, 1e-4, line)
+    assert source == PROFILED and pace == pytest.approx(math.exp(-5.75 + 0.66 * math.log(1e-4)))
+    assert own_launch_of(None, 1e-4, None) == (None, None)
+    assert own_launch_of(None, None, line) == (None, None)
+
+
+def test_the_line_round_trips_and_a_bad_one_is_one_clear_error():
+    line = ProfiledPace(slope=0.66, log_intercept=-5.75, runs=40, r=0.69)
+    assert ProfiledPace.from_dict(line.to_dict()) == line
+    host = HostModel(launch_s=40e-6, sync_s=3e-3, own_launch_ref_s=1e-5, profiled_pace=line)
+    assert HostModel.from_dict(host.to_dict()).profiled_pace == line
+    older = host.to_dict()
+    del older["profiled_pace"]  # a file written before the line: untimed runs at the reference, as then
+    assert HostModel.from_dict(older).profiled_pace is None
+    for bad in ({"slope": -0.2, "log_intercept": -5.0, "runs": 9, "r": 0.1}, {"slope": 0.5}, "fast"):
+        with pytest.raises(CalibError, match="profiled_pace"):
+            ProfiledPace.from_dict(bad)
+    with pytest.raises(CalibError, match="positive"):
+        line.own_launch_s(float("nan"))
+
+
+def test_a_run_is_simulated_at_its_timed_pace_else_its_profiled_one():
+    line = ProfiledPace(slope=0.66, log_intercept=-5.75, runs=40, r=0.69)
+    host = HostModel(launch_s=40e-6, sync_s=3e-3, own_launch_ref_s=1e-5, profiled_pace=line)
+    timed = read_bundle(H200 / "gpt1.3b-1gpu-s256-r31")
+    untimed = read_bundle(H200 / "gpt1.3b-1gpu-s256-r28c")
+    assert run_own_launch(timed, host) == (measured_own_launch_s(timed), TIMED)
+    pace, source = run_own_launch(untimed, host)
+    assert source == PROFILED and pace == pytest.approx(line.own_launch_s(profiled_span_per_node_s(untimed)))
+    assert run_own_launch(untimed, HostModel(launch_s=40e-6)) == (None, None)
+    assert own_pace_factor(pace, host.own_launch_ref_s) > 1  # its profiled step was the slowest of its configuration
+
+
+def test_a_corrupt_profiled_trace_is_one_clear_error(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(H200 / "gpt1.3b-1gpu-s256-r28c", run)
+    (run / "et" / "rank.0.et.xz").write_bytes(b"\xfd7zXZ\x00 truncated")
+    with pytest.raises(CalibError) as exc:
+        profiled_span_per_node_s(read_bundle(run))
+    assert "\n" not in str(exc.value)
+
+
+def _runs(pattern: str) -> list:
+    return [read_bundle(d) for d in sorted(H200.iterdir()) if re.fullmatch(pattern, d.name)]
+
+
+def test_on_the_h200_the_profiled_span_follows_the_timed_pace_and_orders_the_untimed_repeats():
+    """Over the committed H200 runs that timed their own pace, log pace against log profiled span per node has
+    a positive slope; and among the untimed repeats of the host-paced GPT-3 1.3B configuration at sequence 256,
+    the run with the longest profiled span per node is the slowest measured."""
+    bundles = [read_bundle(d) for d in sorted(H200.iterdir()) if (d / "manifest.json").is_file()]
+    training = [b for b in bundles if b.manifest.kind == "training" and b.et_files()]
+    line = fit_profiled_pace([profiled_span_per_node_s(b) for b in training],
+                             [measured_own_launch_s(b) for b in training])
+    assert line is not None and line.runs >= 36 and line.slope > 0.3 and line.r > 0.5
+    untimed = [b for b in _runs(r"gpt1\.3b-1gpu-s256(-r\d+[a-z]*)?") if measured_own_launch_s(b) is None]
+    assert len(untimed) == 6
+    spans = np.array([profiled_span_per_node_s(b) for b in untimed])
+    steps = np.array([measured_step(b).time_s for b in untimed])
+    assert np.argmax(spans) == np.argmax(steps)
+    assert np.corrcoef(np.log(spans), np.log(steps))[0, 1] > 0.5
