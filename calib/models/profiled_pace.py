@@ -7,7 +7,7 @@ training bundle keeps its profiled step as Chakra ETs, and under the profiler a 
 the profiled GPT-3 1.3B step at sequence 256 spans 360-820 ms against 100-210 ms unprofiled. Its span per
 converted node (calib.validation.measured.profiled_span_per_node_s) is then the launching host's time per
 launch under the profiler, which on the timed runs follows their own launch pace (log against log, r +0.69
-over the H200's 42 timed runs, +0.66 over the H100's 12; docs/host.md, "The profiled step's pace").
+over the H200's 36 timed runs, +0.66 over the H100's 12; docs/host.md, "The profiled step's pace").
 
 `ProfiledPace` is that line, fitted over the timed runs by least squares in log-log: the expected own launch
 pace of a run given its profiled span per node. A run that did not time its pace is simulated at the pace
