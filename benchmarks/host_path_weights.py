@@ -8,7 +8,9 @@ calibration in calib/data as the kernel and network models) and fits the host mo
 its leave-one-configuration-out error) with each run's code path taken differently: by the GPUs on its
 host (log2 of the count, the pace per doubling of the eleventh to fifteenth sessions) or by weights for
 TP, PP and EP (`PATH_WEIGHTS` is the one calib uses), each run at its trainer's own pace where it timed
-one (as `fit_host` prepares them), optionally with more terms not in calib's
+one and the others at the reference pace (as `fit_host` prepared them until the forty-second session; since then
+it takes an untimed run at the pace its profiled step gives, which benchmarks/profiled_pace.py compares), optionally
+with more terms not in calib's
 path: `sp` (sequence parallelism with TP), `dp` (data parallelism) and `gpus` (per doubling of the GPUs
 on the host, on top of the path). Prints the fitted costs, pace and error per
 variant, and each variant's largest held-out errors. About a minute per variant on 2 cores.
@@ -64,7 +66,8 @@ def training_bundles(dirs: list[str]) -> tuple[list, object]:
 
 def prepared_runs(chosen: list, cal: object) -> tuple[list, list[float | None], float | None]:
     """Each bundle's generated step (calib.models.host.prepare_run, not yet at its own pace), its trainer's own
-    launch pace (None: not timed) and the reference pace, as calib.models.host.fit_host reads them."""
+    launch pace (None: not timed) and the reference pace, as calib.models.host.fit_host reads them (it then gives
+    an untimed run the pace its profiled step gives: `host.profiled_pace`, not applied here)."""
     from calib.models.host import _collector_paused, own_pace_reference, prepare_run
     from calib.validation.measured import measured_own_launch_s
 
@@ -89,7 +92,8 @@ def main(argv: list[str]) -> int:
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
-    # Each run at its trainer's own pace where it timed one, as calib.models.host.fit_host prepares them.
+    # Each run at its trainer's own pace where it timed one, the others at the reference (fit_host until the
+    # forty-second session; it now reads an untimed run's pace from its profiled step).
     prepared, paces, ref = prepared_runs(chosen, cal)
     runs = [r.at_own_pace(own_pace_factor(t, ref)) for r, t in zip(prepared, paces, strict=True)]
     by_id = {b.id: b for b in chosen}
