@@ -434,6 +434,16 @@ ROUND35 = [*repeats(DEPTH_SERIES, "idle35"), *repeats(DEPTH_SERIES, "idle35b")]
 # probe's steps against `calib measure`'s. Run under round 32's ids (`--only` of ROUND32's first three) and renamed
 # -r36 (first pass) and -r36b (second) when committed; _campaigns/x2-round36 keeps both passes' campaign.json as run.
 ROUND36 = [*repeats(ROUND32_BASE, "r36"), *repeats(ROUND32_BASE, "r36b")]
+# Round 37 (forty-third session, 4 x H200): three four-GPU configurations no bundle had, each predicted before it
+# ran (traces/h200/_campaigns/x4-round37/predictions.json, measure.campaigns.predict with the committed H200
+# calibration): TP 4 with sequence parallelism on Llama-3 70B's layers, TP 2 x PP 2 with sequence parallelism on
+# them, and TP 2 x DP 2 with the distributed optimizer overlapping its gradient reduction.
+TRAININGS += [
+    ("llama70b-tp4-sp", L70B, 4, 1, 1, 1, 1, 4, "none", ["--sequence-parallel"]),
+    ("llama70b-tp2pp2-sp", L70B, 2, 2, 1, 1, 1, 8, "none", ["--sequence-parallel"]),
+    ("llama8b-tp2dp2-distopt", L8B, 2, 1, 2, 1, 1, 8, "none", ["--distributed-optimizer", "--overlap-grad-reduce"]),
+]
+ROUND37 = ["llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt"]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -538,6 +548,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND34]
     jobs += [t(r) for r in ROUND35]
     jobs += [t(r) for r in ROUND36]
+    jobs += [t(r) for r in ROUND37]
     return jobs
 
 
