@@ -9,11 +9,19 @@ modes); the machine's steal time and the process's involuntary context switches 
 where the pace was sampled after every step (`per-step`), the correlation of a step's time with the
 pace sampled just before it, per block (median and range) and pooled; where a second process sampled the
 same work all along (`sidecar`), the correlation of each step with the samples taken while it ran.
+
+    python benchmarks/host_pace_probe.py --thin PROBE_DIR ...
+
+rewrites each results file with its second process's samples replaced by what the tables read of them, each step's
+mean sample (`sidecar_step_ms` per block; the samples were 97 % of traces/h100/_probes/host-pace-1's sidecar.json.xz,
+and the travelling tree's room is what a new round of bundles needs). The tables are the same either way.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -77,21 +85,52 @@ def per_step_table(results: list[dict]) -> list[str]:
     return correlation_table(pairs, "pace sample, ms")
 
 
+def sampled(result: dict) -> bool:
+    """Whether a second process sampled beside this one (its samples kept, or thinned to `sidecar_step_ms`)."""
+    return bool(result.get("sidecar")) or any("sidecar_step_ms" in b for b in result["blocks"])
+
+
+def sidecar_steps(result: dict) -> list[np.ndarray]:
+    """Per block, each step's mean of the second process's samples taken while it ran (ms, same clock; NaN where
+    none was)."""
+    if not result.get("sidecar"):
+        return [np.array([math.nan if v is None else v for v in b["sidecar_step_ms"]], dtype=float)
+                for b in result["blocks"]]
+    samples = np.array(result["sidecar"], dtype=float)
+    at, took = samples[:, 0], samples[:, 1] / 1e3
+    out = []
+    for b in result["blocks"]:
+        step = np.array(b["step_s"])
+        inside = [(at >= t0) & (at < t0 + s * 1e9) for t0, s in zip(b["step_start_ns"], step, strict=True)]
+        out.append(np.array([took[m].mean() if m.any() else np.nan for m in inside]))
+    return out
+
+
 def sidecar_table(results: list[dict]) -> list[str]:
     """Each step against the mean of the second process's samples taken while it ran (same clock)."""
     pairs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for r in results:
-        if not r.get("sidecar"):
+        if not sampled(r):
             continue
-        samples = np.array(r["sidecar"], dtype=float)
-        at, took = samples[:, 0], samples[:, 1] / 1e3
-        for b in r["blocks"]:
+        for b, during in zip(r["blocks"], sidecar_steps(r), strict=True):
             step = np.array(b["step_s"])
-            inside = [(at >= t0) & (at < t0 + s * 1e9) for t0, s in zip(b["step_start_ns"], step, strict=True)]
-            during = np.array([took[m].mean() if m.any() else np.nan for m in inside])
             ok = ~np.isnan(during)
             pairs.setdefault(r["name"], []).append((1e3 * step[ok], during[ok]))
     return correlation_table(pairs, "sidecar sample, ms")
+
+
+def thin(path: Path) -> None:
+    """Rewrite a results file with each sampled process's samples replaced by their per-step means (module
+    docstring); a file without samples is left as it is."""
+    data = load(path)
+    if not any(r.get("sidecar") for r in data["results"]):
+        return
+    for r in data["results"]:
+        if r.get("sidecar"):
+            for b, during in zip(r["blocks"], sidecar_steps(r), strict=True):
+                b["sidecar_step_ms"] = [None if math.isnan(v) else float(v) for v in during]
+            del r["sidecar"]
+    path.write_bytes(lzma.compress(json.dumps(data).encode(), preset=9 | lzma.PRESET_EXTREME))
 
 
 def sidecar_cost(results: list[dict]) -> list[str]:
@@ -99,9 +138,9 @@ def sidecar_cost(results: list[dict]) -> list[str]:
     same machine, trials alternating): what sampling costs the step it samples."""
     lines = [f"{'configuration':14s} {'blocks without / with':>22s} {'median of block medians, ms':>30s}"]
     for name in sorted({r["name"] for r in results}):
-        without = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and not r.get("sidecar")
+        without = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and not sampled(r)
                    for b in r["blocks"]]
-        with_ = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and r.get("sidecar")
+        with_ = [1e3 * statistics.median(b["step_s"]) for r in results if r["name"] == name and sampled(r)
                  for b in r["blocks"]]
         if without and with_:
             lines.append(f"{name:14s} {len(without):10d} / {len(with_):<9d} {statistics.median(without):14.1f} / "
@@ -110,6 +149,11 @@ def sidecar_cost(results: list[dict]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--thin"]:
+        for d in argv[1:]:
+            for f in sorted(Path(d).glob("*.json.xz")):
+                thin(f)
+        return 0
     dirs = [Path(a) for a in argv] or sorted(ROOT.glob("traces/*/_probes/host-pace-*"))
     for d in dirs:
         print(f"== {d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}")
@@ -119,9 +163,9 @@ def main(argv: list[str]) -> int:
             print("\n".join(placement_table(results)))
             if any(b.get("pace_after_step_us") for r in results for b in r["blocks"]):
                 print("\n".join(per_step_table(results)))
-            if any(r.get("sidecar") for r in results):
+            if any(sampled(r) for r in results):
                 print("\n".join(sidecar_table(results)))
-                if not all(r.get("sidecar") for r in results):
+                if not all(sampled(r) for r in results):
                     print("\n".join(sidecar_cost(results)))
     return 0
 

@@ -1,7 +1,11 @@
 """Where a host-paced step's time goes, thread by thread, from measure.probes.host_pace --threads (docs/host.md,
 thirty-seventh session).
 
-    python benchmarks/host_threads.py [PROBE_DIR ...]   (default: traces/*/_probes/host-threads-*)
+    python benchmarks/host_threads.py [PROBE_DIR ...] [--thin]   (default: traces/*/_probes/host-threads-*)
+
+The committed probes are kept as their per-step blocks, `blocks.json.xz`, which `--thin` writes into each probe
+directory from the raw results (`host-pace.json.xz`, in the repository's history); the raw results are read
+instead wherever they are present.
 
 Per probe and configuration, over its blocks of steps:
 - how much of a step the trainer's two launching threads (the main thread, which runs the forward and the
@@ -18,6 +22,7 @@ Per probe and configuration, over its blocks of steps:
 from __future__ import annotations
 
 import json
+import lzma
 import statistics
 import sys
 from dataclasses import dataclass
@@ -27,6 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR_WORKS = ("sidecar", "sidecar_heap_us", "sidecar_gather_us")
+THIN = "blocks.json.xz"
+STEP_ARRAYS = ("step_ms", "main_ms", "autograd_ms", "wait_ms", "gc_ms", "after_python_ms", "after_launch_us")
 
 
 def load(path: Path) -> dict:
@@ -95,9 +102,40 @@ def blocks(result: dict, machine: str) -> list[Block]:
     return out
 
 
+def _to_list(values: np.ndarray) -> list[float | None]:
+    # strict JSON has no NaN; null stands for it (a probe run before GC time or a sidecar work was kept)
+    return [None if np.isnan(v) else v for v in values.tolist()]
+
+
+def _from_list(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def thin_blocks(bs: list[Block]) -> dict:
+    """The blocks as JSON, every value as computed: Python floats round-trip through JSON exactly."""
+    return {"blocks": [{"machine": b.machine, "name": b.name, "policy": b.policy,
+                        **{f: _to_list(getattr(b, f)) for f in STEP_ARRAYS},
+                        "sidecar_ms": {w: _to_list(v) for w, v in b.sidecar_ms.items()}} for b in bs]}
+
+
+def thick_blocks(kept: dict) -> list[Block]:
+    return [Block(b["machine"], b["name"], b["policy"], **{f: _from_list(b[f]) for f in STEP_ARRAYS},
+                  sidecar_ms={w: _from_list(v) for w, v in b["sidecar_ms"].items()}) for b in kept["blocks"]]
+
+
+def write_thin(probe_dir: Path) -> Path:
+    out = probe_dir / THIN
+    text = json.dumps(thin_blocks(probe_blocks(probe_dir)), separators=(",", ":"), allow_nan=False)
+    out.write_bytes(lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME))
+    return out
+
+
 def probe_blocks(probe_dir: Path) -> list[Block]:
+    raw = sorted(f for f in probe_dir.glob("*.json.xz") if f.name != THIN)
+    if not raw and (probe_dir / THIN).is_file():  # a probe committed as its blocks only
+        return thick_blocks(load(probe_dir / THIN))
     machine = f"{probe_dir.parent.parent.name}/{probe_dir.name}"
-    return [blk for f in sorted(probe_dir.glob("*.json.xz")) for res in load(f)["results"] for blk in blocks(res, machine)]
+    return [blk for f in raw for res in load(f)["results"] for blk in blocks(res, machine)]
 
 
 def _med(values: list[float]) -> str:
@@ -143,7 +181,10 @@ def block_table(bs: list[Block]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    dirs = [Path(a) for a in argv] or sorted(ROOT.glob("traces/*/_probes/host-threads-*"))
+    dirs = [Path(a) for a in argv if a != "--thin"] or sorted(ROOT.glob("traces/*/_probes/host-threads-*"))
+    if "--thin" in argv:
+        for d in dirs:
+            write_thin(d)
     bs = [b for d in dirs for b in probe_blocks(d)]
     print("Step by step (median over blocks):")
     print("\n".join(thread_table(bs)))

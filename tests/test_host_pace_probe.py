@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import lzma
 import os
 
 import pytest
@@ -58,7 +60,25 @@ def test_committed_results_read_and_tabulate():
             assert len(summary(results).splitlines()) == 1 + sum(len(r["blocks"]) for r in results)
             if any(b.get("pace_after_step_us") for r in results for b in r["blocks"]):
                 assert len(bench.per_step_table(results)) == 1 + len({r["name"] for r in results})
-            if any(r.get("sidecar") for r in results):
-                assert len(bench.sidecar_table(results)) == 1 + len({r["name"] for r in results if r.get("sidecar")})
-                assert len(bench.sidecar_cost(results)) == 1 + len({r["name"] for r in results if r.get("sidecar")} &
-                                                                    {r["name"] for r in results if not r.get("sidecar")})
+            sampled = {r["name"] for r in results if bench.sampled(r)}
+            if sampled:
+                assert len(bench.sidecar_table(results)) == 1 + len(sampled)
+                assert len(bench.sidecar_cost(results)) == 1 + len(sampled & {r["name"] for r in results
+                                                                               if not bench.sampled(r)})
+    # the second process's samples are committed thinned to their per-step means (the reader's --thin)
+    assert any(bench.sampled(r) for d in PROBE_ROUNDS for f in d.glob("*.json.xz") for r in bench.load(f)["results"])
+
+
+def test_thinning_keeps_what_the_tables_read(tmp_path):
+    """A file with the second process's samples tabulates the same once thinned to their per-step means."""
+    bench = load_benchmark("host_pace_probe")
+    step_start = [10**9, 2 * 10**9, 3 * 10**9]
+    results = [{"name": "cfg", "blocks": [{"policy": "free", "step_s": [0.1, 0.2, 0.3], "step_start_ns": step_start}],
+                "sidecar": [[10**9 + 5, 1500.0], [10**9 + 7, 2500.0], [2 * 10**9 + 1, 4000.0], [9 * 10**9, 1.0]]}]
+    before = bench.sidecar_table(results)
+    f = tmp_path / "sidecar.json.xz"
+    f.write_bytes(lzma.compress(json.dumps({"results": results}).encode()))
+    bench.thin(f)
+    thinned = bench.load(f)["results"]
+    assert "sidecar" not in thinned[0] and thinned[0]["blocks"][0]["sidecar_step_ms"] == [2.0, 4.0, None]
+    assert bench.sidecar_table(thinned) == before

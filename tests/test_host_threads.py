@@ -103,6 +103,19 @@ def test_committed_probes_tabulate(blocks):
     assert len(bench.block_table(bs)) == 1 + len({(b.gpu, b.name) for b in bs})
 
 
+def test_thinned_blocks_read_back_as_written(blocks):
+    """The committed probes are kept as their blocks (`--thin`): writing and reading them again changes no value,
+    NaN (a work a probe's first version did not sample) included."""
+    bench, bs = blocks
+    assert any(np.isnan(v).any() for b in bs for v in b.sidecar_ms.values())
+    back = bench.thick_blocks(bench.thin_blocks(bs))
+    for a, b in zip(bs, back, strict=True):
+        assert (a.machine, a.name, a.policy) == (b.machine, b.name, b.policy)
+        for f in bench.STEP_ARRAYS:
+            assert np.array_equal(getattr(a, f), getattr(b, f), equal_nan=True)
+        assert all(np.array_equal(a.sidecar_ms[w], b.sidecar_ms[w], equal_nan=True) for w in a.sidecar_ms)
+
+
 def test_a_host_paced_step_is_its_launching_threads_time_on_a_cpu(blocks):
     """On both machines: the main and autograd threads' CPU time follows every block's steps, and unpinned
     no thread waits for a CPU nor does the garbage collector take a step's time."""

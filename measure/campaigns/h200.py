@@ -434,10 +434,11 @@ ROUND35 = [*repeats(DEPTH_SERIES, "idle35"), *repeats(DEPTH_SERIES, "idle35b")]
 # probe's steps against `calib measure`'s. Run under round 32's ids (`--only` of ROUND32's first three) and renamed
 # -r36 (first pass) and -r36b (second) when committed; _campaigns/x2-round36 keeps both passes' campaign.json as run.
 ROUND36 = [*repeats(ROUND32_BASE, "r36"), *repeats(ROUND32_BASE, "r36b")]
-# Round 37 (forty-third session, 4 x H200): three four-GPU configurations no bundle had, each predicted before it
-# ran (traces/h200/_campaigns/x4-round37/predictions.json, measure.campaigns.predict with the committed H200
-# calibration): TP 4 with sequence parallelism on Llama-3 70B's layers, TP 2 x PP 2 with sequence parallelism on
-# them, and TP 2 x DP 2 with the distributed optimizer overlapping its gradient reduction.
+# Round 37 (forty-third session, asked for as 4 x H200, run on the 4 x H100 given): three four-GPU configurations
+# no bundle had, each predicted before it ran (measure.campaigns.predict: traces/h200/_campaigns/x4-round37 with the
+# H200 calibration, traces/h100/_campaigns/x4-round37 with the H100's): TP 4 with sequence parallelism on Llama-3
+# 70B's layers, TP 2 x PP 2 with sequence parallelism on them, and TP 2 x DP 2 with the distributed optimizer
+# overlapping its gradient reduction (traces/README.md, round 37).
 TRAININGS += [
     ("llama70b-tp4-sp", L70B, 4, 1, 1, 1, 1, 4, "none", ["--sequence-parallel"]),
     ("llama70b-tp2pp2-sp", L70B, 2, 2, 1, 1, 1, 8, "none", ["--sequence-parallel"]),
