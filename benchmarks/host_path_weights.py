@@ -23,6 +23,10 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from calib.models.host import RunPaces
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,18 +68,15 @@ def training_bundles(dirs: list[str]) -> tuple[list, object]:
     return chosen, Calibration.load(str(default_calibration_path(chosen[0].manifest.gpu.name)))
 
 
-def prepared_runs(chosen: list, cal: object) -> tuple[list, list[float | None], float | None]:
-    """Each bundle's generated step (calib.models.host.prepare_run, not yet at its own pace), its trainer's own
-    launch pace (None: not timed) and the reference pace, as calib.models.host.fit_host reads them (it then gives
-    an untimed run the pace its profiled step gives: `host.profiled_pace`, not applied here)."""
-    from calib.models.host import _collector_paused, own_pace_reference, prepare_run
-    from calib.validation.measured import measured_own_launch_s
+def prepared_runs(chosen: list, cal: object) -> tuple[list, RunPaces]:
+    """Each bundle's generated step (calib.models.host.prepare_run, not yet at its own pace) and the own launch
+    paces calib.models.host.fit_host reads for them (`run_paces`: timed, else from the profiled step)."""
+    from calib.models.host import _collector_paused, prepare_run, run_paces
 
-    paces = [measured_own_launch_s(b) for b in chosen]
     kernel = cal.kernel_model()  # type: ignore[attr-defined]
     with _collector_paused():
         runs = [prepare_run(b, kernel, cal) for b in chosen]
-    return runs, paces, own_pace_reference(paces)
+        return runs, run_paces(chosen, runs)
 
 
 def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
@@ -88,14 +89,14 @@ def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from calib.models.host import PATH_WEIGHTS, _collector_paused, fit_runs, own_pace_factor, path_exponent
+    from calib.models.host import PATH_WEIGHTS, _collector_paused, fit_runs, path_exponent
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
-    # Each run at its trainer's own pace where it timed one, the others at the reference (fit_host until the
-    # forty-second session; it now reads an untimed run's pace from its profiled step).
-    prepared, paces, ref = prepared_runs(chosen, cal)
-    runs = [r.at_own_pace(own_pace_factor(t, ref)) for r, t in zip(prepared, paces, strict=True)]
+    # Each run at the pace fit_host fits it at (until the forty-third session the untimed runs were left at the
+    # reference here: docs/host.md's tables of this benchmark before it were computed so).
+    prepared, paces = prepared_runs(chosen, cal)
+    runs = [r.at_own_pace(f) for r, f in zip(prepared, paces.factors(), strict=True)]
     by_id = {b.id: b for b in chosen}
     for name in names:
         w = VARIANTS[name]

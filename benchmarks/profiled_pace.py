@@ -104,18 +104,17 @@ def main(argv: list[str]) -> int:
     from host_path_weights import prepared_runs, training_bundles
 
     from calib.models import host
-    from calib.models.profiled_pace import fit_profiled_pace
     from calib.validation.measured import profiled_span_per_node_s
 
     gpu = next((a for a in argv if a in ("h200", "h100")), "h200")
     variants = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     bundles, cal = training_bundles([str(ROOT / "traces" / gpu)])
-    prepared, paces, ref = prepared_runs(bundles, cal)
+    prepared, rp = prepared_runs(bundles, cal)
+    paces, ref, line = rp.timed, rp.reference, rp.line
     ids = [b.id for b in bundles]
     spans = np.array([profiled_span_per_node_s(b) for b in bundles])
     busy = np.array([busy_share(b) for b in bundles])
     timed = np.array([p is not None for p in paces])
-    line = fit_profiled_pace(list(spans), paces)
     print(f"{gpu}: {len(bundles)} runs, {timed.sum()} timed; log(own) = {line.log_intercept:.2f} + "
           f"{line.slope:.2f} log(span per node), r {line.r:+.2f}; reference {ref * 1e6:.2f} us")
     for v in variants:

@@ -29,7 +29,8 @@ def main(argv: list[str]) -> int:
     gpu = next((a for a in argv if a in ("h200", "h100")), "h200")
     factors = [float(a) for a in argv if a not in ("h200", "h100")] or [1.0, 0.9, 1.1]
     bundles, cal = training_bundles([str(ROOT / "traces" / gpu)])
-    prepared, paces, ref = prepared_runs(bundles, cal)
+    prepared, rp = prepared_runs(bundles, cal)
+    paces, ref = rp.timed, rp.reference  # the untimed runs at the factor tried, not their profiled step's pace
     print(f"{gpu}: {len(bundles)} runs, {sum(p is not None for p in paces)} timed their own pace")
     for u in factors:
         runs = [r.at_own_pace(host.own_pace_factor(p, ref) if p is not None else u)

@@ -46,6 +46,7 @@ from calib.validation.prospective import committed_predictions
 from calib.validation.replay import check_replayable, read_run_traces, simulate_replay
 from calib.validation.thresholds import Thresholds, load_thresholds, violations
 from calib.validation.types import (
+    GPU_BOUND_KEY,
     HELDOUT,
     IN_SAMPLE,
     MODEL_FREE,
@@ -584,10 +585,13 @@ def write_validation_section(path: Path, report: ValidationReport) -> None:
         "in_sample_mape": s.get("in_sample_mape"), "in_sample_max": s.get("in_sample_max"),
         "predicted_before_mape": s.get("predicted_before_mape"), "predicted_before_max": s.get("predicted_before_max"),
         "predicted_before_count": s.get("predicted_before_count"),
+        **{f"{GPU_BOUND_KEY}_{k}": s.get(f"{GPU_BOUND_KEY}_{k}") for k in ("mape", "max", "count", "configs", "share")},
         "method": "leave-one-configuration-out over the real GPU training bundles (calib validate)",
+        # host_share: what calib.project.error_band compares a projection's own with (held-out runs only)
         "runs": [
             {"run": r.run, "kind": r.kind, "model": r.model, "measured_step_s": r.measured_step_s,
-             "predicted_step_s": r.predicted_step_s, "error_pct": r.error_pct}
+             "predicted_step_s": r.predicted_step_s, "error_pct": r.error_pct,
+             **({"host_share": r.host_share} if r.kind == HELDOUT and r.host_share is not None else {})}
             for r in report.runs
         ],
     }

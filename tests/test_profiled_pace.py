@@ -11,7 +11,7 @@ import pytest
 
 from calib.bundle.io import read_bundle
 from calib.errors import CalibError
-from calib.models.host import HostModel, own_pace_factor, run_own_launch
+from calib.models.host import HostModel, own_pace_factor, run_own_launch, run_paces
 from calib.models.profiled_pace import (
     MIN_RUNS,
     PROFILED,
@@ -24,6 +24,17 @@ from calib.validation.measured import measured_own_launch_s, measured_step, prof
 from tests.conftest import TRACES
 
 H200 = TRACES / "h200"
+H100 = TRACES / "h100"
+
+
+class _Paced:
+    """A prepared run (calib.models.host.prepare_run) as run_paces reads it: half its measured step is host time."""
+
+    def __init__(self, bundle: object) -> None:
+        self.measured_s = measured_step(bundle).time_s
+
+    def step(self, launch_s: float, sync_s: float, p2p_s: float) -> float:
+        return self.measured_s * (0.5 if launch_s == sync_s == p2p_s == 0 else 1.0)
 
 
 def test_the_line_is_least_squares_in_log_log_over_the_timed_runs_only():
@@ -76,6 +87,46 @@ def test_a_run_is_simulated_at_its_timed_pace_else_its_profiled_one():
     assert source == PROFILED and pace == pytest.approx(line.own_launch_s(profiled_span_per_node_s(untimed)))
     assert run_own_launch(untimed, HostModel(launch_s=40e-6)) == (None, None)
     assert own_pace_factor(pace, host.own_launch_ref_s) > 1  # its profiled step was the slowest of its configuration
+
+
+def test_a_fit_reads_each_runs_pace_as_run_own_launch_gives_it():
+    """run_paces (what fit_host and the host benchmarks read): the timed runs keep their timing, the reference is
+    their median, and each untimed run gets what the line fitted over the timed ones gives its profiled step."""
+    bundles = _runs(r"(gpt1\.3b|llama8b)-1gpu-s256(-r\d+[a-z]*)?")
+    rp = run_paces(bundles, [_Paced(b) for b in bundles])
+    timed = [measured_own_launch_s(b) for b in bundles]
+    assert rp.timed == timed and sum(t is not None for t in timed) >= 8 and rp.line is not None
+    assert rp.reference == pytest.approx(float(np.median([t for t in timed if t is not None])))
+    host = HostModel(launch_s=40e-6, own_launch_ref_s=rp.reference, profiled_pace=rp.line)
+    assert rp.paces == [run_own_launch(b, host)[0] for b in bundles]
+    assert rp.factors() == [own_pace_factor(p, rp.reference) for p in rp.paces]
+    assert len(set(rp.factors())) == len(bundles)  # untimed runs no longer share the reference's factor 1
+
+
+def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced():
+    """On the H100: the three 4-GPU runs of round 37 are within MIN_HOST_EXPOSURE of their steps at no host cost (their
+    kernels and network pace them), and their profiled span per node is their long kernels', not their host's: with
+    them the line loses its slope; fitted over the runs the host paced, it keeps it."""
+    from calib.calibration import Calibration
+    from calib.models.host import _collector_paused, prepare_run
+    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, host_exposure
+    from calib.project import default_calibration_path
+
+    cal = Calibration.load(default_calibration_path("H100"))
+    bundles = [read_bundle(d) for d in sorted(H100.iterdir()) if (d / "manifest.json").is_file()]
+    timed = [b for b in bundles if b.manifest.kind == "training" and b.et_files() and measured_own_launch_s(b)]
+    with _collector_paused():
+        runs = [prepare_run(b, cal.kernel_model(), cal) for b in timed]
+    exposure = {b.id: host_exposure(r.measured_s, r.step(0.0, 0.0, 0.0)) for b, r in zip(timed, runs, strict=True)}
+    r37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt")
+    assert all(exposure[i] < MIN_HOST_EXPOSURE for i in r37)
+    assert all(e >= MIN_HOST_EXPOSURE for i, e in exposure.items() if "s256" in i and "llama8b-1gpu" not in i)
+    spans, paces = [profiled_span_per_node_s(b) for b in timed], [measured_own_launch_s(b) for b in timed]
+    every = fit_profiled_pace(spans, paces)
+    paced = fit_profiled_pace(spans, paces, list(exposure.values()))
+    assert every is not None and every.runs == len(timed) and every.r < 0.3
+    assert paced is not None and paced.runs <= len(timed) - 3 and paced.slope > 0.3 and paced.r > 0.5
+    assert run_paces(timed, runs).line == paced
 
 
 def test_a_corrupt_profiled_trace_is_one_clear_error(tmp_path):

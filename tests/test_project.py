@@ -123,6 +123,34 @@ def test_error_band_is_the_projected_familys_worst_held_out_run(calibration) -> 
     assert moe.error_band["pct"] == 30.0 and "family" not in moe.error_band
 
 
+def test_error_band_follows_the_runs_no_more_host_bound_than_the_projection(calibration) -> None:
+    """With the validated runs' predicted host shares (calib validate keeps them), the band is the worst held-out
+    error over the family's runs whose share is at most the projection's (or HOST_BOUND_SHARE, whichever is more);
+    with fewer than REGIME_BAND_MIN_RUNS such runs it is the family's worst, as before."""
+    import dataclasses
+
+    from calib.project import HOST_BOUND_SHARE, REGIME_BAND_MIN_RUNS, host_share
+
+    model, par, cluster = resolve_model("gpt3-1.3b"), ParallelConfig(tp=2, pp=2, dp=2, global_batch=16), load_cluster("h200-8")
+    share = project(model, par, cluster, calibration).host_share
+    assert share is not None and 0 <= share < 0.5
+    gpu_bound = [{"run": f"g{i}", "kind": "heldout", "model": "gpt3-13b@L4", "error_pct": 1.0 + 0.1 * i,
+                  "host_share": 0.0} for i in range(REGIME_BAND_MIN_RUNS)]
+    host_bound = [{"run": f"h{i}", "kind": "heldout", "model": "gpt3-1.3b@L8", "error_pct": -20.0 - i,
+                   "host_share": 0.6} for i in range(3)]
+    val = {"heldout_mape": 6.0, "heldout_max": 22.0, "heldout_count": 13, "runs": gpu_bound + host_bound}
+    r = project(model, par, cluster, dataclasses.replace(calibration, validation=val))
+    assert r.error_band["pct"] == pytest.approx(1.0 + 0.1 * (REGIME_BAND_MIN_RUNS - 1))
+    assert r.error_band["family_pct"] == 22.0 and r.error_band["all_pct"] == 22.0
+    assert r.error_band["host_share_upto"] == max(HOST_BOUND_SHARE, share)
+    assert f"{REGIME_BAND_MIN_RUNS} measured gpt3 run(s) whose predicted host share was at most" in r.error_band["from"]
+    # One GPU-bound run fewer: too few alike, so the family's worst, host-paced runs included.
+    val["runs"] = gpu_bound[1:] + host_bound
+    assert project(model, par, cluster, dataclasses.replace(calibration, validation=val)).error_band["pct"] == 22.0
+    assert host_share({"compute": 0.9, "other": 0.1}, 1.0) == pytest.approx(0.1)
+    assert host_share({"compute": 1.0}, 1.0) is None and host_share({"other": 0.1}, None) is None
+
+
 def test_gpu_mismatch_refused_unless_allowed(calibration) -> None:
     model, par, h100 = resolve_model("gpt3-1.3b"), ParallelConfig(tp=8, global_batch=8), load_cluster("dgx-h100")
     with pytest.raises(CalibError, match="fitted on NVIDIA H200 but cluster dgx-h100 has H100"):

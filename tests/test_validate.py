@@ -22,7 +22,7 @@ from calib.errors import CalibError
 from calib.validate import run_validation
 from calib.validation.measured import et_breakdown_s, is_real_gpu, measured_step, parallelism_type
 from calib.validation.replay import replay_trace
-from calib.validation.report import markdown, write_reports
+from calib.validation.report import markdown, summary_lines, write_reports
 from calib.validation.thresholds import Thresholds, load_thresholds, violations
 from calib.validation.types import HELDOUT, REPLAY, RunError, ValidationReport, summarize
 from tests.conftest import ROOT
@@ -232,6 +232,35 @@ def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path:
     assert "## Scaled-down models (depth series)" in md and "| 16 | l16 | 1300.00 | 80% | 1380.00 | +6.15% |" in md
     assert "scaled-down models by depth" in paths["html"].read_text()
     assert json.loads(paths["json"].read_text())["depth_series"][0]["points"][3]["layers"] == 16
+
+
+def test_the_held_out_runs_predicted_gpu_bound_are_scored_apart() -> None:
+    """heldout_gpu_bound_*: the held-out runs whose own prediction leaves at most HOST_BOUND_SHARE of the step to the
+    host (the breakdown's "other"); a replay (no "other") and a run without a prediction are not among them, and a
+    threshold on them fails the check like any other."""
+    from calib.project import HOST_BOUND_SHARE
+
+    def with_other(run: RunError, other_share: float) -> RunError:
+        run.breakdown_predicted_s = {"compute": run.predicted_step_s * (1 - other_share),
+                                     "other": run.predicted_step_s * other_share}
+        return run
+
+    runs = [with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), with_other(_run("b", HELDOUT, 1.0, 1.04), HOST_BOUND_SHARE),
+            with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), with_other(_run("a", REPLAY, 1.0, 1.3), 0.0),
+            _run("d", HELDOUT, 1.0, None)]
+    assert runs[0].host_share == pytest.approx(0.01) and runs[4].host_share is None
+    assert _run("e", HELDOUT, 1.0, 1.0).host_share is None  # a breakdown without "other"
+    s = summarize(runs, real_bundles=4)
+    assert s["heldout_count"] == 3 and s["heldout_max"] == pytest.approx(20.0)
+    assert s["heldout_gpu_bound_count"] == 2 and s["heldout_gpu_bound_configs"] == 2
+    assert s["heldout_gpu_bound_mape"] == pytest.approx(3.0) and s["heldout_gpu_bound_max"] == pytest.approx(4.0)
+    assert s["heldout_gpu_bound_share"] == HOST_BOUND_SHARE
+    t = Thresholds(limits={"heldout_gpu_bound": {"mean_pct": 3.5, "max_pct": 3.9}})
+    assert violations(s, t) == ["heldout_gpu_bound max step-time error 4.00% exceeds the threshold 3.90% (2 runs; )"]
+    report = ValidationReport(runs=runs, models=[], summary=s, calibration={})
+    assert any(row[0].startswith("held-out, predicted GPU-bound (host share <= 5%)") and row[3] == "2"
+               for row in summary_lines(report))
+    assert [r.to_dict()["host_share"] for r in runs[:2]] == pytest.approx([0.01, HOST_BOUND_SHARE])
 
 
 def test_thresholds_file_is_valid_and_goals_not_enforced() -> None:

@@ -67,8 +67,9 @@ import numpy as np
 
 from calib.errors import CalibError
 from calib.models.common import error_stat
+from calib.models.profiled_pace import MIN_HOST_EXPOSURE as PROFILED_PACE_MIN_EXPOSURE
 from calib.models.profiled_pace import MIN_RUNS as PROFILED_PACE_MIN_RUNS
-from calib.models.profiled_pace import ProfiledPace, fit_profiled_pace, own_launch_of
+from calib.models.profiled_pace import ProfiledPace, fit_profiled_pace, host_exposure, own_launch_of
 from calib.workload.host import SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
@@ -285,6 +286,35 @@ def run_own_launch(bundle: Any, host: HostModel | None) -> tuple[float | None, s
     timed = measured_own_launch_s(bundle)
     line = None if host is None else host.profiled_pace
     return own_launch_of(timed, None if timed is not None or line is None else profiled_span_per_node_s(bundle), line)
+
+
+@dataclass(frozen=True)
+class RunPaces:
+    """The own launch paces of a fit's runs, in their order (`run_paces`)."""
+
+    timed: list[float | None]  # each run's trainer-timed pace (measured_own_launch_s); None: not timed
+    paces: list[float | None]  # the pace each run is fitted at: timed, else its profiled step's, else None
+    reference: float | None  # `own_launch_ref_s`: the median timed pace
+    line: ProfiledPace | None  # `profiled_pace`, fitted over the timed runs
+
+    def factors(self) -> list[float]:
+        """Each run's factor on the host costs (`own_pace_factor` of its pace against the reference)."""
+        return [own_pace_factor(p, self.reference) for p in self.paces]
+
+
+def run_paces(bundles: Sequence[Any], runs: Sequence[_Run]) -> RunPaces:
+    """Each training bundle's own launch pace as `fit_host` fits it: its trainer's timing, else the pace the line
+    over the timed runs its host paced (`runs`, each bundle's `prepare_run`: its step at no host cost against the
+    measured one, calib.models.profiled_pace.MIN_HOST_EXPOSURE) gives its profiled step (`host.profiled_pace`), else
+    the reference (None)."""
+    from calib.validation.measured import measured_own_launch_s, profiled_span_per_node_s
+
+    timed = [measured_own_launch_s(b) for b in bundles]  # read once: each reads the bundle's steps table
+    spans = [profiled_span_per_node_s(b) for b in bundles]
+    exposures = [host_exposure(r.measured_s, r.step(0.0, 0.0, 0.0)) for r in runs]
+    line = fit_profiled_pace(spans, timed, exposures)
+    paces = [own_launch_of(t, s, line)[0] for t, s in zip(timed, spans, strict=True)]
+    return RunPaces(timed, paces, own_pace_reference(timed), line)
 
 
 def own_pace_reference(paces: Iterable[float | None]) -> float | None:
@@ -824,34 +854,33 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
              cross_validate: bool = True) -> tuple[HostModel, dict]:
     """Fit the host model on the training bundles among `bundles` (real GPU runs only); return it and
     its cross-validated step-time error {mape, max, count, method} (percent; {} without `cross_validate`)."""
-    from calib.validation.measured import is_real_gpu, measured_own_launch_s, profiled_span_per_node_s
+    from calib.validation.measured import is_real_gpu
 
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
-    timed_paces = [measured_own_launch_s(b) for b in chosen]  # read once: each reads the bundle's steps table
-    spans = [profiled_span_per_node_s(b) for b in chosen]
-    ref = own_pace_reference(timed_paces)
-    line = fit_profiled_pace(spans, timed_paces)
-    paces = [own_launch_of(t, s, line)[0] for t, s in zip(timed_paces, spans, strict=True)]
     with _collector_paused():
-        runs = [prepare_run(b, kernel_model, calibration_without_host).at_own_pace(own_pace_factor(t, ref))
-                for b, t in zip(chosen, paces, strict=True)]
+        prepared = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
+        rp = run_paces(chosen, prepared)
+        runs = [r.at_own_pace(f) for r, f in zip(prepared, rp.factors(), strict=True)]
         model, err = fit_runs(runs, cross_validate)
+    ref, line = rp.reference, rp.line
     model.own_launch_ref_s, model.profiled_pace = ref, line
-    timed = [b.id for b, t in zip(chosen, timed_paces, strict=True) if t is not None]
+    timed = [b.id for b, t in zip(chosen, rp.timed, strict=True) if t is not None]
     model.provenance["host.own_launch_ref_s"] = (
         f"calibrated: the median own launch pace of the {len(timed)} fitted runs whose trainer timed it "
         f"({_short(timed)}); their launch and sync costs were fitted as these costs times (own pace / it)"
         f"^{OWN_PACE_SLOPE:g}" if ref is not None else
         "not calibrated: no fitted run timed its trainer's own pace (costs not scaled by it)")
-    estimated = sum(t is None and p is not None for t, p in zip(timed_paces, paces, strict=True))
+    estimated = sum(t is None and p is not None for t, p in zip(rp.timed, rp.paces, strict=True))
     model.provenance["host.profiled_pace"] = (
         f"calibrated: log(own launch pace) against log(the profiled step's span per node), least squares over the "
-        f"{line.runs} timed runs with converted ETs (slope {line.slope:.3f}, r {line.r:+.2f}); the {estimated} fitted "
-        "runs that did not time their pace were fitted at the pace it gives them" if line is not None else
-        f"not calibrated: fewer than {PROFILED_PACE_MIN_RUNS} timed runs with converted ETs (untimed runs at the "
-        "reference pace)")
+        f"{line.runs} timed runs with converted ETs whose host paced their step (measured at least "
+        f"{100 * PROFILED_PACE_MIN_EXPOSURE:.0f}% over its step at no host cost; slope {line.slope:.3f}, r "
+        f"{line.r:+.2f}); the {estimated} fitted runs that did not time their pace were fitted at the pace it gives "
+        "them" if line is not None else
+        f"not calibrated: fewer than {PROFILED_PACE_MIN_RUNS} timed runs with converted ETs whose host paced their "
+        "step (untimed runs at the reference pace)")
     return model, err
 
 

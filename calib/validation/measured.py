@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -95,7 +96,13 @@ def profiled_span_per_node_s(bundle: Bundle) -> float | None:
     files = bundle.et_files()
     if not files:
         return None
-    return max(_span_per_node_s(str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    return max(_span_per_node_s(str(f), *_stamp(f)) for f in files)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """A file's modification time and size, from one stat: what `_span_per_node_s` is cached by."""
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
 
 
 @functools.lru_cache(maxsize=4096)

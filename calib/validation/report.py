@@ -18,6 +18,8 @@ from pathlib import Path
 
 from calib.stack import stack_summary
 from calib.validation.types import (
+    GPU_BOUND_KEY,
+    GPU_BOUND_TEXT,
     HELDOUT,
     IN_SAMPLE,
     KIND_TEXT,
@@ -81,14 +83,17 @@ def summary_lines(report: ValidationReport) -> list[tuple[str, str, str, str, st
     """(kind, mean, max, runs, configs, threshold / goal) rows of the summary."""
     s = report.summary
     rows = []
-    for key, kind in SUMMARY_KEYS:
+    keys = [(key, KIND_LABEL[kind]) for key, kind in SUMMARY_KEYS]
+    if s.get(f"{GPU_BOUND_KEY}_share") is not None:
+        keys.insert(1, (GPU_BOUND_KEY, f"held-out, predicted GPU-bound (host share <= {100 * s[f'{GPU_BOUND_KEY}_share']:.0f}%)"))
+    for key, label in keys:
         lim = report.thresholds.get(key, {})
         goal = report.goals.get(key, {})
         bound = ", ".join(
             f"{w} <= {lim[k]:.2f}%" for k, w in (("mean_pct", "mean"), ("max_pct", "max")) if k in lim
         ) or "-"
         aim = ", ".join(f"{w} {goal[k]:.0f}%" for k, w in (("mean_pct", "mean"), ("max_pct", "max")) if k in goal) or "-"
-        rows.append((KIND_LABEL[kind], _pct(s.get(f"{key}_mape")), _pct(s.get(f"{key}_max")),
+        rows.append((label, _pct(s.get(f"{key}_mape")), _pct(s.get(f"{key}_max")),
                      str(s.get(f"{key}_count", 0)), str(s.get(f"{key}_configs", 0)), f"{bound} (goal: {aim})"))
     return rows
 
@@ -117,7 +122,7 @@ def markdown(report: ValidationReport) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [f"| {' | '.join(row)} |" for row in summary_lines(report)]
-    lines += ["", *(f"- {text}" for text in KIND_TEXT.values()), ""]
+    lines += ["", *(f"- {text}" for text in (*KIND_TEXT.values(), GPU_BOUND_TEXT)), ""]
     if report.violations:
         lines += ["## Threshold violations", "", *(f"- {v}" for v in report.violations), ""]
     lines += [
@@ -469,7 +474,7 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
             "<tr><th>kind</th><th>mean abs error</th><th>max abs error</th><th>runs</th><th>configurations</th>"
             "<th>threshold (goal, not enforced)</th></tr>"]
     body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in summary_lines(report)]
-    body.append("</table><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in KIND_TEXT.values()) + "</ul>")
+    body.append("</table><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in (*KIND_TEXT.values(), GPU_BOUND_TEXT)) + "</ul>")
     if report.violations:
         body.append("<h2>Threshold violations</h2><ul>"
                     + "".join(f"<li>{html.escape(v)}</li>" for v in report.violations) + "</ul>")

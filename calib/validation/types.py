@@ -17,6 +17,13 @@ ERROR_KINDS = (REPLAY, HELDOUT, IN_SAMPLE, PREDICTED)
 MODEL_FREE = "no model"
 # Each kind's prefix in the summary's keys (`heldout_mape`, ...), in the order reports list them.
 SUMMARY_KEYS = (("heldout", HELDOUT), ("replay", REPLAY), ("in_sample", IN_SAMPLE), ("predicted_before", PREDICTED))
+# The held-out runs whose own predicted step is GPU-bound (host share at most calib.project.HOST_BOUND_SHARE), scored
+# apart in the summary as `heldout_gpu_bound_*`: what a projection the host hardly paces can expect.
+GPU_BOUND_KEY = "heldout_gpu_bound"
+GPU_BOUND_TEXT = ("held-out, predicted GPU-bound: the held-out runs whose own held-out prediction leaves at most the "
+                  "stated share of the step to its host (the breakdown's \"other\": the GPU waiting for launches and "
+                  "syncs); chosen by the prediction, not the measurement, as a projection's band is "
+                  "(calib.project.error_band)")
 
 # What each kind means, printed beside every figure.
 KIND_TEXT = {
@@ -70,9 +77,18 @@ class RunError:
     def abs_error_pct(self) -> float | None:
         return None if self.error_pct is None else abs(self.error_pct)
 
+    @property
+    def host_share(self) -> float | None:
+        """The share of the predicted step its host exposes (calib.project.host_share); None for a replay, whose
+        breakdown is the simulated busy time per category, and where there is no prediction."""
+        from calib.project import host_share
+
+        return host_share(self.breakdown_predicted_s, self.predicted_step_s)
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["abs_error_pct"] = self.abs_error_pct
+        out["host_share"] = self.host_share
         return out
 
 
@@ -158,9 +174,22 @@ def repeats(runs: list[RunError]) -> list[dict]:
     return out
 
 
+def _gpu_bound_summary(runs: list[RunError]) -> dict:
+    """`heldout_gpu_bound_*`: the held-out errors of the runs whose prediction is GPU-bound (GPU_BOUND_KEY), in the
+    summary's shape (no missing runs: a run without a prediction has no host share and counts under `heldout`)."""
+    from calib.project import HOST_BOUND_SHARE
+
+    rs = [r for r in runs if r.kind == HELDOUT and r.error_pct is not None and r.host_share is not None
+          and r.host_share <= HOST_BOUND_SHARE]
+    mape, mx = error_stats([r.error_pct for r in rs])
+    return {f"{GPU_BOUND_KEY}_mape": mape, f"{GPU_BOUND_KEY}_max": mx, f"{GPU_BOUND_KEY}_count": len(rs),
+            f"{GPU_BOUND_KEY}_configs": len({r.config for r in rs}), f"{GPU_BOUND_KEY}_missing": 0,
+            f"{GPU_BOUND_KEY}_missing_runs": [], f"{GPU_BOUND_KEY}_share": HOST_BOUND_SHARE}
+
+
 def summarize(runs: list[RunError], real_bundles: int) -> dict:
     """heldout/replay/in-sample/predicted-before mean and max absolute error (percent), and the runs/configs
-    behind each;
+    behind each; `heldout_gpu_bound_*` the same over the held-out runs predicted GPU-bound;
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
     for key, kind in SUMMARY_KEYS:
@@ -173,6 +202,7 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
         missing = [r.run for r in runs if r.kind == kind and r.error_pct is None]
         out[f"{key}_missing"] = len(missing)
         out[f"{key}_missing_runs"] = missing
+    out.update(_gpu_bound_summary(runs))
     rep = [r["spread_pct"] for r in repeats(runs)]
     out["repeat_configs"] = len(rep)
     out["repeat_spread_mean"] = sum(rep) / len(rep) if rep else None
