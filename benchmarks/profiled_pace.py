@@ -32,8 +32,12 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from calib.models.profiled_pace import ProfiledPace
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("reference", "pooled", "per-config", "pooled-hostbound", "pooled-idle", "all-profiled", "all-reference",
@@ -67,15 +71,16 @@ def config_of(run_id: str) -> str:
 
 
 def untimed_paces(ids: list[str], spans: np.ndarray, busy: np.ndarray, paces: list[float | None],
-                  variant: str) -> list[float | None]:
-    """Each run's own launch pace, an untimed run's estimated by `variant` from its span per node."""
+                  variant: str, line: ProfiledPace) -> list[float | None]:
+    """Each run's own launch pace, an untimed run's estimated by `variant` from its span per node (`line`: calib's,
+    over the timed runs the host paced; `pooled-idle` fits its own, over every timed run's idle span)."""
     from calib.models.profiled_pace import fit_profiled_pace
 
     if variant == "pooled-idle":
         spans = spans * (1 - busy)
+        line = fit_profiled_pace(list(spans), paces)
     timed = np.array([p is not None for p in paces])
     own = np.array([p if p is not None else np.nan for p in paces])
-    line = fit_profiled_pace(list(spans), paces)  # calib's line (`pooled`)
     out: list[float | None] = []
     for i, p in enumerate(paces):
         if variant == "all-reference":
@@ -118,7 +123,7 @@ def main(argv: list[str]) -> int:
     print(f"{gpu}: {len(bundles)} runs, {timed.sum()} timed; log(own) = {line.log_intercept:.2f} + "
           f"{line.slope:.2f} log(span per node), r {line.r:+.2f}; reference {ref * 1e6:.2f} us")
     for v in variants:
-        est = untimed_paces(ids, spans, busy, paces, v)
+        est = untimed_paces(ids, spans, busy, paces, v, line)
         runs = [p_run.at_own_pace(host.own_pace_factor(p, ref)) for p_run, p in zip(prepared, est, strict=True)]
         with host._collector_paused():
             model, err = host.fit_runs(runs)
