@@ -32,6 +32,7 @@ from calib.validation.types import (
 )
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample", PREDICTED: "predicted before the run"}
+KIND_NOTES = (*KIND_TEXT.values(), GPU_BOUND_TEXT)  # what each summary row means, listed under the table
 KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray", PREDICTED: "tab:green"}
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
@@ -122,7 +123,7 @@ def markdown(report: ValidationReport) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [f"| {' | '.join(row)} |" for row in summary_lines(report)]
-    lines += ["", *(f"- {text}" for text in (*KIND_TEXT.values(), GPU_BOUND_TEXT)), ""]
+    lines += ["", *(f"- {text}" for text in KIND_NOTES), ""]
     if report.violations:
         lines += ["## Threshold violations", "", *(f"- {v}" for v in report.violations), ""]
     lines += [
@@ -474,7 +475,7 @@ def html_report(report: ValidationReport, images: dict[str, bytes]) -> str:
             "<tr><th>kind</th><th>mean abs error</th><th>max abs error</th><th>runs</th><th>configurations</th>"
             "<th>threshold (goal, not enforced)</th></tr>"]
     body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in summary_lines(report)]
-    body.append("</table><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in (*KIND_TEXT.values(), GPU_BOUND_TEXT)) + "</ul>")
+    body.append("</table><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in KIND_NOTES) + "</ul>")
     if report.violations:
         body.append("<h2>Threshold violations</h2><ul>"
                     + "".join(f"<li>{html.escape(v)}</li>" for v in report.violations) + "</ul>")

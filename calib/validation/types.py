@@ -174,35 +174,30 @@ def repeats(runs: list[RunError]) -> list[dict]:
     return out
 
 
-def _gpu_bound_summary(runs: list[RunError]) -> dict:
-    """`heldout_gpu_bound_*`: the held-out errors of the runs whose prediction is GPU-bound (GPU_BOUND_KEY), in the
-    summary's shape (no missing runs: a run without a prediction has no host share and counts under `heldout`)."""
-    from calib.project import HOST_BOUND_SHARE
-
-    rs = [r for r in runs if r.kind == HELDOUT and r.error_pct is not None and r.host_share is not None
-          and r.host_share <= HOST_BOUND_SHARE]
-    mape, mx = error_stats([r.error_pct for r in rs])
-    return {f"{GPU_BOUND_KEY}_mape": mape, f"{GPU_BOUND_KEY}_max": mx, f"{GPU_BOUND_KEY}_count": len(rs),
-            f"{GPU_BOUND_KEY}_configs": len({r.config for r in rs}), f"{GPU_BOUND_KEY}_missing": 0,
-            f"{GPU_BOUND_KEY}_missing_runs": [], f"{GPU_BOUND_KEY}_share": HOST_BOUND_SHARE}
+def _kind_summary(key: str, scored: list[RunError], missing: list[str]) -> dict:
+    """One kind's entries of the summary, `<key>_*`: the mean and max absolute error of the `scored` runs, how many
+    runs and configurations they are, and the runs `missing` a figure."""
+    mape, mx = error_stats([r.error_pct for r in scored])
+    return {f"{key}_mape": mape, f"{key}_max": mx, f"{key}_count": len(scored),
+            f"{key}_configs": len({r.config for r in scored}), f"{key}_missing": len(missing),
+            f"{key}_missing_runs": missing}
 
 
 def summarize(runs: list[RunError], real_bundles: int) -> dict:
     """heldout/replay/in-sample/predicted-before mean and max absolute error (percent), and the runs/configs
-    behind each; `heldout_gpu_bound_*` the same over the held-out runs predicted GPU-bound;
+    behind each; `heldout_gpu_bound_*` the same over the held-out runs predicted GPU-bound (GPU_BOUND_KEY: no missing
+    runs, a run without a prediction has no host share and counts under `heldout`);
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
+    from calib.project import HOST_BOUND_SHARE
+
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
     for key, kind in SUMMARY_KEYS:
-        rs = [r for r in runs if r.kind == kind and r.error_pct is not None]
-        mape, mx = error_stats([r.error_pct for r in rs])
-        out[f"{key}_mape"] = mape
-        out[f"{key}_max"] = mx
-        out[f"{key}_count"] = len(rs)
-        out[f"{key}_configs"] = len({r.config for r in rs})
-        missing = [r.run for r in runs if r.kind == kind and r.error_pct is None]
-        out[f"{key}_missing"] = len(missing)
-        out[f"{key}_missing_runs"] = missing
-    out.update(_gpu_bound_summary(runs))
+        out.update(_kind_summary(key, [r for r in runs if r.kind == kind and r.error_pct is not None],
+                                 [r.run for r in runs if r.kind == kind and r.error_pct is None]))
+    gpu_bound = [r for r in runs if r.kind == HELDOUT and r.error_pct is not None and r.host_share is not None
+                 and r.host_share <= HOST_BOUND_SHARE]
+    out.update(_kind_summary(GPU_BOUND_KEY, gpu_bound, []))
+    out[f"{GPU_BOUND_KEY}_share"] = HOST_BOUND_SHARE
     rep = [r["spread_pct"] for r in repeats(runs)]
     out["repeat_configs"] = len(rep)
     out["repeat_spread_mean"] = sum(rep) / len(rep) if rep else None
