@@ -3,6 +3,8 @@
     python benchmarks/tp_rendezvous.py [reports/validation.json:traces/h200 reports/h100/validation.json:traces/h100]
     python benchmarks/tp_rendezvous.py --probe [traces/h100/_probes/tp-rendezvous-1]
     python benchmarks/tp_rendezvous.py --hosts [traces/h100/_probes/tp-rendezvous-2]
+    python benchmarks/tp_rendezvous.py --probe|--hosts FOLDER --summary-out FOLDER/summary.json
+
 
 Reads a `calib validate` report and the bundles it validated. Per run with TP > 1: the blocking collectives
 of its tensor-parallel group in one step (rank 0's all-reduce / all-gather / reduce-scatter rows of group
@@ -11,6 +13,10 @@ short of the measured step, per such collective. Then what one constant per coll
 over the other configurations' runs and added as n x constant, would do to each kind's mean and maximum
 error: a first-order estimate (the host costs were fitted without it, and a simulated cost would hide
 under host slack where an added one cannot), to size the term before modelling it.
+
+`--summary-out FILE` writes, from a probe round's results, both tables that `--probe` and `--hosts` print, as JSON;
+a round whose folder holds that `summary.json` and no results (tp-rendezvous-1 to -3 since the forty-fourth
+session) is printed from it.
 """
 
 from __future__ import annotations
@@ -155,23 +161,76 @@ def host_lag_rows(folder: Path) -> list[dict]:
     return out
 
 
+SUMMARY = "summary.json"
+
+
+def results(folder: Path) -> list[Path]:
+    """A probe round's per-rank results."""
+    return sorted(folder.glob("*.rank*.json.xz"))
+
+
+def probe_summary(folder: Path) -> dict:
+    """What `--probe` and `--hosts` print of a round, computed from its results: their rows, not the events, so that
+    the round can be committed without its results (the probe tables also need the H100 bundles' transfers)."""
+    return {"what": "benchmarks/tp_rendezvous.py's rows of one probe round: --probe (per configuration and rank) "
+                    "and --hosts (per configuration; none where the round kept no host times)",
+            "probe": probe_rows(folder), "hosts": host_lag_rows(folder)}
+
+
+def round_rows(folder: Path, table: str) -> list[dict]:
+    """The rows of `table` ("probe" or "hosts") of a round: from its results where they are committed, else from
+    its summary.json."""
+    if not results(folder) and (folder / SUMMARY).is_file():
+        return json.loads((folder / SUMMARY).read_text())[table]
+    return probe_rows(folder) if table == "probe" else host_lag_rows(folder)
+
+
+def _summary_out(argv: list[str]) -> tuple[list[str], Path | None]:
+    """`argv` without `--summary-out FILE`, and FILE (None without the option)."""
+    if "--summary-out" not in argv:
+        return argv, None
+    i = argv.index("--summary-out")
+    return argv[:i] + argv[i + 2:], Path(argv[i + 1])
+
+
+def write_summary(folder: Path, out: Path) -> int:
+    """Write `probe_summary` of `folder` to `out`; a round without results is refused rather than summarised as
+    empty, which would overwrite its summary with nothing."""
+    if not results(folder):
+        print(f"{folder}: no probe results to summarise", file=sys.stderr)
+        return 1
+    out.write_text(json.dumps(probe_summary(folder), indent=1) + "\n")
+    return 0
+
+
+def print_hosts(rows: list[dict]) -> None:
+    print(f"{'config':12s} {'steps':>5s} {'rank 0 to call 9 us':>19s} {'rank 1':>8s} {'start skew us':>13s} "
+          f"{'lag at call 9 us':>16s} {'lag share':>9s} {'first rank waits ms':>19s}")
+    for r in rows:
+        print(f"{r['name']:12s} {r['steps']:5d} {r['reach_us'][0]:19.0f} {r['reach_us'][1]:8.0f} "
+              f"{r['start_skew_us']:13.0f} {r['lag_us']:16.0f} {r['lag_share']:9.1%} {r['early_head_ms']:19.2f}")
+
+
+def print_probe(rows: list[dict]) -> None:
+    print(f"{'config':12s} {'rank':>4s} {'step ms':>8s} {'+events':>8s} {'MiB':>4s} {'calls':>5s} "
+          f"{'transfer us':>11s} {'first 9 us':>10s} {'rest us':>8s} {'beyond ms':>9s} {'in first 9':>10s}")
+    for r in rows:
+        print(f"{r['name']:12s} {r['rank']:4d} {r['plain_ms']:8.1f} {r['events_ms']:8.1f} {r['bytes'] / 2**20:4.0f} "
+              f"{r['calls']:5d} {r['transfer_us']:11.1f} {r['head_us']:10.1f} {r['rest_us']:8.1f} "
+              f"{r['beyond_ms']:9.2f} {r['head_share']:10.0%}")
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--hosts"]:
-        folder = Path(argv[1]) if len(argv) > 1 else PROBE.parent / "tp-rendezvous-2"
-        print(f"{'config':12s} {'steps':>5s} {'rank 0 to call 9 us':>19s} {'rank 1':>8s} {'start skew us':>13s} "
-              f"{'lag at call 9 us':>16s} {'lag share':>9s} {'first rank waits ms':>19s}")
-        for r in host_lag_rows(folder):
-            print(f"{r['name']:12s} {r['steps']:5d} {r['reach_us'][0]:19.0f} {r['reach_us'][1]:8.0f} "
-                  f"{r['start_skew_us']:13.0f} {r['lag_us']:16.0f} {r['lag_share']:9.1%} {r['early_head_ms']:19.2f}")
-        return 0
-    if argv[:1] == ["--probe"]:
-        print(f"{'config':12s} {'rank':>4s} {'step ms':>8s} {'+events':>8s} {'MiB':>4s} {'calls':>5s} "
-              f"{'transfer us':>11s} {'first 9 us':>10s} {'rest us':>8s} {'beyond ms':>9s} {'in first 9':>10s}")
-        for r in probe_rows(Path(argv[1]) if len(argv) > 1 else PROBE):
-            print(f"{r['name']:12s} {r['rank']:4d} {r['plain_ms']:8.1f} {r['events_ms']:8.1f} {r['bytes'] / 2**20:4.0f} "
-                  f"{r['calls']:5d} {r['transfer_us']:11.1f} {r['head_us']:10.1f} {r['rest_us']:8.1f} "
-                  f"{r['beyond_ms']:9.2f} {r['head_share']:10.0%}")
-        return 0
+    argv, out = _summary_out(argv)
+    if argv[:1] in (["--hosts"], ["--probe"]):
+        table = argv[0][2:]
+        default = PROBE.parent / "tp-rendezvous-2" if table == "hosts" else PROBE
+        folder = Path(argv[1]) if len(argv) > 1 else default
+        (print_hosts if table == "hosts" else print_probe)(round_rows(folder, table))
+        return write_summary(folder, out) if out is not None else 0
+    if out is not None:
+        print("--summary-out goes with --probe or --hosts", file=sys.stderr)
+        return 2
     for pair in argv or DEFAULT:
         report, traces = (Path(p) for p in pair.split(":"))
         for kind in ("replay", "heldout"):

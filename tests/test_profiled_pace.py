@@ -32,6 +32,7 @@ class _Paced:
 
     def __init__(self, bundle: object) -> None:
         self.measured_s = measured_step(bundle).time_s
+        self.key = bundle.manifest.spec.key()  # its configuration, whose runs' exposure it shares
 
     def step(self, launch_s: float, sync_s: float, p2p_s: float) -> float:
         return self.measured_s * (0.5 if launch_s == sync_s == p2p_s == 0 else 1.0)
@@ -109,7 +110,7 @@ def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced():
     them the line loses its slope; fitted over the runs the host paced, it keeps it."""
     from calib.calibration import Calibration
     from calib.models.host import _collector_paused, prepare_run
-    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, host_exposure
+    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
     from calib.project import default_calibration_path
 
     cal = Calibration.load(default_calibration_path("H100"))
@@ -123,10 +124,32 @@ def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced():
     assert all(e >= MIN_HOST_EXPOSURE for i, e in exposure.items() if "s256" in i and "llama8b-1gpu" not in i)
     spans, paces = [profiled_span_per_node_s(b) for b in timed], [measured_own_launch_s(b) for b in timed]
     every = fit_profiled_pace(spans, paces)
-    paced = fit_profiled_pace(spans, paces, list(exposure.values()))
+    by_config = config_exposures([r.key for r in runs], [r.measured_s for r in runs], [r.step(0.0, 0.0, 0.0) for r in runs])
+    paced = fit_profiled_pace(spans, paces, by_config)
     assert every is not None and every.runs == len(timed) and every.r < 0.3
     assert paced is not None and paced.runs <= len(timed) - 3 and paced.slope > 0.3 and paced.r > 0.5
     assert run_paces(timed, runs).line == paced
+
+
+def test_a_configuration_is_kept_or_left_out_whole_by_its_median_exposure():
+    """Repeats of one configuration share its exposure (median measured step against median step at no host cost),
+    so a fast host's repeat, itself barely exposed, stays in the line with its slower repeats."""
+    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
+
+    keys = ["a", "a", "a", "b"]
+    measured, zero = [0.100, 0.120, 0.130, 0.100], [0.095, 0.096, 0.094, 0.097]
+    out = config_exposures(keys, measured, zero)
+    assert out[0] == out[1] == out[2] == pytest.approx(host_exposure(0.120, 0.095))
+    assert host_exposure(measured[0], zero[0]) < MIN_HOST_EXPOSURE <= out[0]  # the fast repeat alone would be left out
+    assert out[3] == pytest.approx(0.03)
+    spans = [1e-4 * (1 + i) for i in range(MIN_RUNS)]
+    paces = [1e-5 * (1 + i) ** 0.5 for i in range(MIN_RUNS)]
+    keys = [f"c{i // 2}" for i in range(MIN_RUNS)]
+    steps = [0.2, 0.105, 0.2, 0.21, 0.2, 0.2, 0.1, 0.1]  # c0 exposed as a whole despite its fast repeat; c3 not
+    line = fit_profiled_pace(spans, paces, config_exposures(keys, steps, [0.1] * MIN_RUNS))
+    assert line is None  # six runs kept, under MIN_RUNS
+    line = fit_profiled_pace(spans, paces, [1.0] * MIN_RUNS)
+    assert line is not None and line.runs == MIN_RUNS and line.slope == pytest.approx(0.5, rel=0.2)
 
 
 def test_a_corrupt_profiled_trace_is_one_clear_error(tmp_path):

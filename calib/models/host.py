@@ -69,7 +69,7 @@ from calib.errors import CalibError
 from calib.models.common import error_stat
 from calib.models.profiled_pace import MIN_HOST_EXPOSURE as PROFILED_PACE_MIN_EXPOSURE
 from calib.models.profiled_pace import MIN_RUNS as PROFILED_PACE_MIN_RUNS
-from calib.models.profiled_pace import ProfiledPace, fit_profiled_pace, host_exposure, own_launch_of
+from calib.models.profiled_pace import ProfiledPace, config_exposures, fit_profiled_pace, own_launch_of
 from calib.workload.host import SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
@@ -304,14 +304,16 @@ class RunPaces:
 
 def run_paces(bundles: Sequence[Any], runs: Sequence[_Run]) -> RunPaces:
     """Each training bundle's own launch pace as `fit_host` fits it: its trainer's timing, else the pace the line
-    over the timed runs its host paced (`runs`, each bundle's `prepare_run`: its step at no host cost against the
-    measured one, calib.models.profiled_pace.MIN_HOST_EXPOSURE) gives its profiled step (`host.profiled_pace`), else
+    over the timed runs of the configurations their hosts paced (`runs`, each bundle's `prepare_run`: the
+    configuration's median step at no host cost against its median measured one, calib.models.profiled_pace
+    .config_exposures and MIN_HOST_EXPOSURE) gives its profiled step (`host.profiled_pace`), else
     the reference (None)."""
     from calib.validation.measured import measured_own_launch_s, profiled_span_per_node_s
 
     timed = [measured_own_launch_s(b) for b in bundles]  # read once: each reads the bundle's steps table
     spans = [profiled_span_per_node_s(b) for b in bundles]
-    exposures = [host_exposure(r.measured_s, r.step(0.0, 0.0, 0.0)) for r in runs]
+    exposures = config_exposures([r.key for r in runs], [r.measured_s for r in runs],
+                                 [r.step(0.0, 0.0, 0.0) for r in runs])
     line = fit_profiled_pace(spans, timed, exposures)
     paces = [own_launch_of(t, s, line)[0] for t, s in zip(timed, spans, strict=True)]
     return RunPaces(timed, paces, own_pace_reference(timed), line)
@@ -875,12 +877,12 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
     estimated = sum(t is None and p is not None for t, p in zip(rp.timed, rp.paces, strict=True))
     model.provenance["host.profiled_pace"] = (
         f"calibrated: log(own launch pace) against log(the profiled step's span per node), least squares over the "
-        f"{line.runs} timed runs with converted ETs whose host paced their step (measured at least "
-        f"{100 * PROFILED_PACE_MIN_EXPOSURE:.0f}% over its step at no host cost; slope {line.slope:.3f}, r "
+        f"{line.runs} timed runs with converted ETs whose configuration the host paced (its median measured step at "
+        f"least {100 * PROFILED_PACE_MIN_EXPOSURE:.0f}% over its median step at no host cost; slope {line.slope:.3f}, r "
         f"{line.r:+.2f}); the {estimated} fitted runs that did not time their pace were fitted at the pace it gives "
         "them" if line is not None else
-        f"not calibrated: fewer than {PROFILED_PACE_MIN_RUNS} timed runs with converted ETs whose host paced their "
-        "step (untimed runs at the reference pace)")
+        f"not calibrated: fewer than {PROFILED_PACE_MIN_RUNS} timed runs with converted ETs whose configuration the "
+        "host paced (untimed runs at the reference pace)")
     return model, err
 
 

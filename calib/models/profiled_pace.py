@@ -9,8 +9,8 @@ converted node (calib.validation.measured.profiled_span_per_node_s) is then the 
 launch under the profiler, which on the timed runs follows their own launch pace (log against log, r +0.69
 over the H200's 36 timed runs, +0.66 over the H100's 12; docs/host.md, "The profiled step's pace").
 
-`ProfiledPace` is that line, fitted by least squares in log-log over the timed runs the host paced
-(MIN_HOST_EXPOSURE): the expected own launch
+`ProfiledPace` is that line, fitted by least squares in log-log over the timed runs of the configurations the
+host paced (MIN_HOST_EXPOSURE, `config_exposures`): the expected own launch
 pace of a run given its profiled span per node. A run that did not time its pace is simulated at the pace
 the line gives it; one that did, at its timed pace; a projection, at the reference pace (it has no profiled
 step).
@@ -29,16 +29,17 @@ from calib.errors import CalibError
 
 # Fewer timed runs than this leave the line unfitted (the untimed runs stay at the reference pace).
 MIN_RUNS = 8
-# The line is fitted over the timed runs whose measured step exceeds their step simulated at no host cost by at
-# least this share of it (`host_exposure`): twice calib.project.HOST_BOUND_SHARE. A run the host hardly paces lies
-# within the kernel and network models' error of that step (the held-out runs predicted GPU-bound: at most 5.6 % on
-# the H200, 6.8 % on the H100; docs/validate.md), so its step says little of its host; and its profiled span per
-# node is long kernels' time more than its host's: the 4-GPU H100 runs of round 37 (Llama-3 70B layers at TP 4 + SP,
-# 4 % exposed; TP 2 x PP 2 + SP and Llama-3 8B at TP 2 x DP 2, 7 %) span 160-261 us a node at own paces of 6.6-10.3
-# us, where the host-paced runs span 110-180 us at 8-12 us, and with them the H100's line fell from slope 0.41 (r
-# +0.66, 12 runs) to 0.09 (r +0.12). The exposure is the run's own, so a fast host's run can fall under it (the
-# H200's two fastest timed hosts do): a criterion per configuration would not select on the pace (docs/host.md,
-# "The line over the runs their host paced").
+# The line is fitted over the timed runs of the configurations whose median measured step exceeds their median step
+# simulated at no host cost by at least this share of it (`config_exposures`): twice calib.project.HOST_BOUND_SHARE.
+# A configuration the host hardly paces lies within the kernel and network models' error of that step (the held-out
+# runs predicted GPU-bound: at most 5.6 % on the H200, 6.8 % on the H100; docs/validate.md), so its step says little
+# of its host; and its profiled span per node is long kernels' time more than its host's: the 4-GPU H100 runs of
+# round 37 (Llama-3 70B layers at TP 4 + SP, 4 % exposed; TP 2 x PP 2 + SP and Llama-3 8B at TP 2 x DP 2, 7 %) span
+# 160-261 us a node at own paces of 6.6-10.3 us, where the host-paced runs span 110-180 us at 8-12 us, and with them
+# the H100's line fell from slope 0.41 (r +0.66, 12 runs) to 0.09 (r +0.12). The exposure is the configuration's,
+# not the run's: a run's own exposure falls with its host's pace, and selecting on it dropped the H200's two fastest
+# timed hosts (llama8b-1gpu-s256-r31/-r31b, 4.5-6.5 % exposed, their configuration 11 %), truncating the line's fast
+# end (docs/host.md, "The line over the runs their host paced").
 MIN_HOST_EXPOSURE = 0.10
 TIMED = "timed"  # where a run's own launch pace came from (`own_launch_of`)
 PROFILED = "profiled step"
@@ -78,6 +79,22 @@ class ProfiledPace:
 def host_exposure(measured_s: float, zero_host_s: float) -> float:
     """The share of a measured step beyond its step simulated at no host cost: how much its host paced it."""
     return float(1.0 - zero_host_s / measured_s) if measured_s > 0 else 0.0
+
+
+def config_exposures(keys: Sequence[str], measured_s: Sequence[float], zero_host_s: Sequence[float]) -> list[float]:
+    """Each run's configuration's host exposure: its median measured step against its median step at no host cost
+    (`host_exposure`), over the runs sharing its key; so repeats of one configuration are kept or left out
+    together, whatever their own hosts' paces."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    out = [0.0] * len(keys)
+    for members in groups.values():
+        e = host_exposure(float(np.median([measured_s[i] for i in members])),
+                          float(np.median([zero_host_s[i] for i in members])))
+        for i in members:
+            out[i] = e
+    return out
 
 
 def fit_profiled_pace(spans: Sequence[float | None], paces: Sequence[float | None],
