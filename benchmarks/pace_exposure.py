@@ -4,9 +4,9 @@
 
 Per timed training run (its trainer timed its own launch pace) with converted ETs: the share of its measured step
 beyond its step simulated at no host cost (calib.models.profiled_pace.host_exposure), and the same for its
-configuration's median steps over all its committed runs, timed or not (`config_exposures`, what `calib fit` selects
-on, MIN_HOST_EXPOSURE), simulated with the committed calibration's kernel and network models (docs/host.md, "The line
-over the runs their host paced").
+configuration's median steps over all its runs that `calib fit` takes, timed or not, with ETs or not
+(host_path_weights.training_bundles; `config_exposures`, what the fit selects on, MIN_HOST_EXPOSURE), simulated with
+the committed calibration's kernel and network models (docs/host.md, "The line over the runs their host paced").
 """
 
 from __future__ import annotations
@@ -14,27 +14,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from calib.bundle import read_bundle
-from calib.calibration import Calibration
-from calib.models.host import _collector_paused, prepare_run
-from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
-from calib.project import default_calibration_path
-from calib.validation.measured import is_real_gpu, measured_own_launch_s
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str]) -> int:
+    from host_path_weights import training_bundles
+
+    from calib.models.host import _collector_paused, prepare_run
+    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
+    from calib.validation.measured import measured_own_launch_s
+
     gpu = argv[0] if argv else "h200"
-    cal = Calibration.load(default_calibration_path(gpu.upper()))
-    bundles = [read_bundle(d) for d in sorted((ROOT / "traces" / gpu).iterdir()) if (d / "manifest.json").is_file()]
-    bundles = [b for b in bundles if b.manifest.kind == "training" and b.et_files() and is_real_gpu(b)
-               and b.manifest.spec is not None]
-    timed = {b.id for b in bundles if measured_own_launch_s(b) is not None}
+    bundles, cal = training_bundles([str(ROOT / "traces" / gpu)])  # the runs fit_host fits, ETs or not
+    timed = {b.id for b in bundles if measured_own_launch_s(b) is not None and b.et_files()}
     configs = {b.manifest.spec.key() for b in bundles if b.id in timed}
-    bundles = [b for b in bundles if b.manifest.spec.key() in configs]  # a configuration's untimed runs count too
+    bundles = [b for b in bundles if b.manifest.spec.key() in configs]  # a configuration's other runs count too
     with _collector_paused():
-        runs = [prepare_run(b, cal.kernel_model(), cal) for b in bundles]
+        runs = [prepare_run(b, cal.kernel_model(), cal) for b in bundles]  # type: ignore[attr-defined]
     zero = [r.step(0.0, 0.0, 0.0) for r in runs]
     by_config = config_exposures([r.key for r in runs], [r.measured_s for r in runs], zero)
     print(f"{'run':36s} {'own':>6s} {'config':>7s}  line (at least {MIN_HOST_EXPOSURE:.0%} by configuration)")
