@@ -1,13 +1,13 @@
 """The host model's leave-one-configuration-out error with the expert loop's forward launches weighted
-(docs/host.md, "The expert loop's launches, weighted: tried, not kept").
+(docs/host.md, "The expert loop's launches, weighted: tried, not kept", and "The expert loop's launches, measured").
 
-    python benchmarks/expert_launches.py [h200|h100] [WEIGHT ...]   (default 1.42 and 1; about 5 min a pair)
+    python benchmarks/expert_launches.py [h200|h100] [WEIGHT ...]   (default 1.5 and 1; a few minutes a pair)
 
-A weight w charges each forward launch of megatron-core's expert loop (the generator's ops `moe.expertN.fc1`,
-`.silu`, `.silu.add`, `.gate`, `.scale`, `.fc2`) w launches of host time: after each such op the generated
-step gets (w - 1) launches of no GPU time per kernel (carried over from op to op in whole launches), so that
-the extra host time delays the GPU only where the host is behind it. calib does not do this (w = 1); the
-weighting is patched into calib.workload.generate here. Fits the host model of generated steps on the committed
+A weight w charges each forward launch of megatron-core's expert loop (calib.workload.host.EXPERT_LOOP_OPS) w
+launches of host time: after each such op the generated step gets (w - 1) launches of no GPU time per kernel
+(carried over from op to op in whole launches), so that the extra host time delays the GPU only where the host is
+behind it. calib's own weight is calib.workload.host.EXPERT_LOOP_LAUNCHES (1.5, measured by the host-phase probes:
+benchmarks/expert_loop_weight.py); it is patched here. Fits the host model of generated steps on the committed
 bundles of one GPU once per weight, with the committed calibration's kernel and network models (what `calib
 fit` does, the weight aside). Prints each fit's costs, its error over all runs, the MoE runs and the others,
 and each MoE configuration's mean held-out error (signed) and its runs' median sync root per weight.
@@ -15,7 +15,6 @@ and each MoE configuration's mean held-out error (signed) and its runs' median s
 
 from __future__ import annotations
 
-import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -24,30 +23,6 @@ from unittest import mock
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPERT_LOOP = re.compile(r"moe\.expert\d+\.(fc1|silu|silu\.add|gate|scale|fc2)")
-
-
-def weighted_kernel_runs(weight: float):  # noqa: ANN201 (calib.workload.generate._kernel_runs' signature)
-    """calib.workload.generate._kernel_runs with the expert loop's launches weighted by `weight`: calib's own
-    runs of each op, then the loop's extra launches of no GPU time."""
-    from calib.workload import generate
-
-    own = generate._kernel_runs  # taken before the patch replaces it
-
-    def kernel_runs(run: list, durations: dict) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        owed = 0.0
-        for o, r in run:
-            out += own([(o, r)], durations)
-            if EXPERT_LOOP.fullmatch(o.name):
-                owed += (weight - 1.0) * o.kernels * r
-                extra = int(owed + 1e-9)
-                if extra:
-                    out.append((0, extra))
-                    owed -= extra
-        return out
-
-    return kernel_runs
 
 
 def fit(gpu: str, weight: float) -> tuple[dict, list[dict]]:
@@ -58,7 +33,7 @@ def fit(gpu: str, weight: float) -> tuple[dict, list[dict]]:
 
     cal = Calibration.load(ROOT / "calib" / "data" / f"calibration-{gpu}.yaml")
     bundles = load_bundles([ROOT / "traces" / gpu])
-    with mock.patch.object(generate, "_kernel_runs", weighted_kernel_runs(weight)):
+    with mock.patch.object(generate, "EXPERT_LOOP_LAUNCHES", weight):
         model, err = host.fit_host(bundles, cal.kernel_model(), cal)
     return {"launch": model.launch_s, "sync": model.sync_s, "pace": model.pace_per_path,
             "mape": err.get("mape")}, model.runs
@@ -66,7 +41,7 @@ def fit(gpu: str, weight: float) -> tuple[dict, list[dict]]:
 
 def main(argv: list[str]) -> int:
     gpu = next((a for a in argv if a in ("h200", "h100")), "h200")
-    weights = [float(a) for a in argv if a not in ("h200", "h100")] or [1.42, 1.0]
+    weights = [float(a) for a in argv if a not in ("h200", "h100")] or [1.5, 1.0]
     with ProcessPoolExecutor(min(2, len(weights))) as pool:
         fits = dict(zip(weights, pool.map(fit, [gpu] * len(weights), weights), strict=True))
     print(f"{gpu}, generated steps")

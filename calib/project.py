@@ -485,8 +485,8 @@ def error_band(calibration: object | None, step_s: float, model_name: str | None
                        and model_family(r["model"]) == fam]
         errs = [abs(float(r["error_pct"])) for r in family_runs]
         upto = max(HOST_BOUND_SHARE, share) if share is not None and np.isfinite(share) else None
-        alike = [abs(float(r["error_pct"])) for r in family_runs
-                 if upto is not None and r.get("host_share") is not None and float(r["host_share"]) <= upto]
+        alike = [] if upto is None else [abs(float(r["error_pct"])) for r in family_runs
+                                         if r.get("host_share") is not None and float(r["host_share"]) <= upto]
         if fam and len(alike) >= REGIME_BAND_MIN_RUNS:
             band = {"pct": max(alike), "mape_pct": float(np.mean(alike)), "all_pct": pct, "family": fam,
                     "family_pct": max(errs), "host_share": share, "host_share_upto": upto,

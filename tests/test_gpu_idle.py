@@ -58,17 +58,36 @@ def test_the_depth_series_idles_about_as_long_at_every_depth() -> None:
     assert abs(three - one) / 8 < 0.5  # ms per routing added from 4 to 12 routings
 
 
-def test_weight_one_is_calibs_kernel_runs_and_a_weight_adds_whole_launches_of_no_gpu_time() -> None:
+def test_the_expert_loops_weight_adds_whole_launches_of_no_gpu_time_after_its_ops() -> None:
+    """calib.workload.generate._kernel_runs at EXPERT_LOOP_LAUNCHES (benchmarks/expert_launches.py patches other
+    weights in): at 1 the kernels alone, at 1.5 the same kernels and half a launch of no GPU time per loop kernel,
+    owed fractions carried in whole launches; ops outside the loop add none."""
+    from unittest import mock
+
     from calib.workload import generate
     from calib.workload import ops as O
 
-    bench = load_benchmark("expert_launches")
     ops = [O.Op(name, "memory", 1.0, 1.0, "bf16", "aten::mul") for name in
            ("moe.permute.cat", "moe.expert0.fc1", "moe.expert0.silu", "moe.expert0.fc2", "moe.expert1.fc1")]
     run = [(o, 1) for o in ops]
     durations = {o: 1000 * (i + 1) for i, o in enumerate(ops)}
-    assert bench.weighted_kernel_runs(1.0)(run, durations) == generate._kernel_runs(run, durations)
-    weighted = bench.weighted_kernel_runs(1.5)(run, durations)
-    assert [d for d, _ in weighted if d] == [d for d, _ in generate._kernel_runs(run, durations)]
+    with mock.patch.object(generate, "EXPERT_LOOP_LAUNCHES", 1.0):
+        plain = generate._kernel_runs(run, durations)
+    assert plain == [(1000 * (i + 1), 1) for i in range(len(ops))]
+    with mock.patch.object(generate, "EXPERT_LOOP_LAUNCHES", 1.5):
+        weighted = generate._kernel_runs(run, durations)
+    assert [d for d, _ in weighted if d] == [d for d, _ in plain]
     assert sum(r for d, r in weighted if d == 0) == 2  # 4 loop kernels x 0.5, in whole launches
     assert weighted[3] == (0, 1) and weighted[-1] == (0, 1)
+
+
+def test_calibs_expert_loop_weight_is_what_the_host_phase_probes_measure() -> None:
+    """EXPERT_LOOP_LAUNCHES is the median, to the nearest half, over the committed H200 probe runs at sequence 256 of
+    the expert loop's host time per launch over the other launches' (benchmarks/expert_loop_weight.py)."""
+    from calib.workload.host import EXPERT_LOOP_LAUNCHES
+
+    bench = load_benchmark("expert_loop_weight")
+    df = bench.ratios(sorted((ROOT / "traces").glob("*/_probes/host-phases-*")))
+    s256 = df[(df.gpu == "h200") & df.run.str.contains("s256")]
+    assert len(s256) == 22 and (s256.ratio > 1).all()  # the loop costs more per launch in every run
+    assert round(2 * float(s256.ratio.median())) / 2 == EXPERT_LOOP_LAUNCHES

@@ -594,3 +594,45 @@ def test_a_routings_copies_are_one_wait_in_a_converted_et() -> None:
     # The host launches every copy but waits once per routing: the GPU idles for one sync cost there.
     out = add_host(trace, 1e-6, 100e-6, sync=converted_sync_points(trace))
     assert count_host(out) == (len(nodes), 5)
+
+
+def test_the_expert_loops_forward_launches_cost_the_measured_weight_in_host_time_only() -> None:
+    """Each forward launch of the MoE expert loop is charged EXPERT_LOOP_LAUNCHES launches of host time: the
+    extra launches add host time and no GPU time (where the host is behind the GPU they delay it); a
+    calibration records the weight its costs were fitted with, and one fitted with another is refused."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from calib.chakra.model import NodeType as NT
+    from calib.workload import generate as G
+    from calib.workload import ops as O
+    from calib.workload.host import EXPERT_LOOP_LAUNCHES, EXPERT_LOOP_OPS
+    from calib.workload.models import resolve_model
+    from calib.workload.parallel import ParallelConfig
+
+    model, par = resolve_model("mixtral-8x7b@L2,S256"), ParallelConfig(micro_batch=2, global_batch=4)
+    loop = [o for o in O.layer_fwd(model, par) if isinstance(o, O.Op) and EXPERT_LOOP_OPS.fullmatch(o.name)]
+    assert len(loop) == 6 * model.experts  # fc1, silu, silu.add, gate, scale, fc2 of every local expert
+    routings = 2 * 2  # layers x micro-batches
+
+    def flat(df):  # noqa: ANN001, ANN202 - a constant kernel time: the weight is the host's alone
+        return np.full(len(df), 2e-6)
+
+    out = {}
+    for w in (1.0, EXPERT_LOOP_LAUNCHES):
+        with mock.patch.object(G, "EXPERT_LOOP_LAUNCHES", w):
+            for launch_s in (0.0, 20e-6):
+                gen = G.generate(model, par, flat, SimpleNamespace(launch_s=launch_s, sync_s=0.0))
+                trace = gen.workload.classes[0].trace
+                gpu = sum(n.duration_ns for n in trace.nodes if n.type == NT.COMP_NODE and not n.is_cpu_op)
+                cpu = sum(n.duration_ns for n in trace.nodes if n.is_cpu_op)
+                out[w, launch_s] = (count_host(trace)[0], gpu, cpu)
+    extra = out[EXPERT_LOOP_LAUNCHES, 0.0][0] - out[1.0, 0.0][0]
+    assert extra == round((EXPERT_LOOP_LAUNCHES - 1) * len(loop) * routings)
+    assert out[EXPERT_LOOP_LAUNCHES, 20e-6][1] == out[1.0, 20e-6][1]  # no GPU time added
+    assert out[EXPERT_LOOP_LAUNCHES, 20e-6][2] - out[1.0, 20e-6][2] == extra * 20_000  # host time: extra launches
+    host = HostModel(1e-5, 1e-3)
+    assert host.to_dict()["expert_loop_launches"] == EXPERT_LOOP_LAUNCHES
+    assert HostModel.from_dict(host.to_dict()).launch_s == 1e-5
+    with pytest.raises(CalibError, match="expert_loop_launches 1.0 differs .* refit"):
+        HostModel.from_dict(dict(host.to_dict(), expert_loop_launches=1.0))

@@ -123,6 +123,31 @@ def test_summary_statistics() -> None:
     assert s["replay_mape"] == pytest.approx(1.0) and s["replay_count"] == 1
 
 
+def test_the_configuration_floor_is_the_least_error_of_one_step_per_configuration(tmp_path: Path) -> None:
+    """No single step per configuration has a lower mean error on its runs than the floor's, which a
+    configuration measured once does not raise; the summary and the reports carry it."""
+    import dataclasses
+
+    import numpy as np
+
+    from calib.validation.report import FLOOR_LABEL
+    from calib.validation.types import config_floor
+
+    steps = [1.0, 1.1, 1.45, 1.2]
+    runs = [dataclasses.replace(_run(f"a{i}", HELDOUT, m, m), config="cfg-a") for i, m in enumerate(steps)]
+    runs += [_run("b", HELDOUT, 2.0, 2.6), _run("a0", REPLAY, 1.0, 1.3)]
+    floor = config_floor(runs)
+    assert len(floor) == 5 and sorted(floor)[:2] == [0.0, 0.0]  # b alone, and the step chosen among a's
+    grid = np.linspace(0.9, 1.6, 1401)
+    best = min(np.mean([abs(p - m) / m for m in steps]) for p in grid)
+    assert sum(floor) / 4 == pytest.approx(100 * best, abs=1e-3)
+    s = summarize(runs, real_bundles=5)
+    assert s["config_floor_mape"] == pytest.approx(sum(floor) / 5) and s["config_floor_max"] == pytest.approx(max(floor))
+    assert s["config_floor_count"] == 5 and s["config_floor_configs"] == 2
+    md = write_reports(ValidationReport(runs=runs, models=[], summary=s, calibration={}), tmp_path)["md"].read_text()
+    assert FLOOR_LABEL in md
+
+
 def test_repeated_configurations_are_reported_with_their_spread(tmp_path: Path) -> None:
     """Runs sharing a configuration (twins, repeats) give the spread between their measured steps, in the
     summary and in the reports; a configuration measured once gives none."""

@@ -7,6 +7,8 @@ Parameters (seconds):
   host copy returning and the Python work before the next kernel), at the sync points of
   calib.workload.host.SYNC_AFTER other than its scalar reads (READ_SYNCS: waited for at no cost),
   one per MoE routing (its copies are waited for together: GROUPED_SYNCS);
+- `expert_loop_launches` (configured, not fitted: calib.workload.host.EXPERT_LOOP_LAUNCHES): the launches of host
+  time each forward launch of the MoE expert loop costs in a generated step; recorded with the costs fitted with it;
 - `p2p_sync_s`: the same after a pipeline send/recv batch (megatron-core's batch_p2p_sync drains
   the device; the schedule's work between micro-batches follows before the next launch). Fitted
   on the pipeline-parallel runs only; a calibration without it uses `sync_s`.
@@ -70,7 +72,7 @@ from calib.models.common import error_stat
 from calib.models.profiled_pace import MIN_HOST_EXPOSURE as PROFILED_PACE_MIN_EXPOSURE
 from calib.models.profiled_pace import MIN_RUNS as PROFILED_PACE_MIN_RUNS
 from calib.models.profiled_pace import ProfiledPace, config_exposures, fit_profiled_pace, own_launch_of
-from calib.workload.host import SYNC_AFTER
+from calib.workload.host import EXPERT_LOOP_LAUNCHES, SYNC_AFTER
 
 LAUNCH_MAX_S = 1e-3  # search bracket: no eager launch costs a millisecond
 SYNC_MAX_S = 50e-3
@@ -213,6 +215,7 @@ class HostModel:
             "own_launch_ref_s": None if self.own_launch_ref_s is None else float(self.own_launch_ref_s),
             "profiled_pace": None if self.profiled_pace is None else self.profiled_pace.to_dict(),
             "path_weights": dict(PATH_WEIGHTS),  # what the pace was fitted with (checked on reading)
+            "expert_loop_launches": EXPERT_LOOP_LAUNCHES,  # what the costs were fitted with (checked on reading)
             "sync_points": dict(self.sync_points),
             "runs": [dict(r) for r in self.runs], "provenance": dict(self.provenance),
         }
@@ -250,6 +253,11 @@ class HostModel:
             # The weights are this calib's measured constants; a file fitted with others would be misread.
             raise CalibError(f"calibration host section: path_weights {weights} differ from this calib's "
                              f"{PATH_WEIGHTS}: refit with `calib fit`")
+        loop = data.get("expert_loop_launches", EXPERT_LOOP_LAUNCHES)
+        if loop != EXPERT_LOOP_LAUNCHES:
+            # The generator's constant; costs fitted with another would be misread (more or less host time per routing).
+            raise CalibError(f"calibration host section: expert_loop_launches {loop!r} differs from this calib's "
+                             f"{EXPERT_LOOP_LAUNCHES}: refit with `calib fit`")
         rendezvous, rrendezvous = (_optional_cost(data, k) for k in ("tp_rendezvous_s", "replay_tp_rendezvous_s"))
         most = data.get("tp_rendezvous_microbatches")
         if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
@@ -868,6 +876,10 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
         model, err = fit_runs(runs, cross_validate)
     ref, line = rp.reference, rp.line
     model.own_launch_ref_s, model.profiled_pace = ref, line
+    model.provenance["host.expert_loop_launches"] = (
+        f"configured: each forward launch of the MoE expert loop costs {EXPERT_LOOP_LAUNCHES:g} launches of the host "
+        "(calib.workload.host.EXPERT_LOOP_LAUNCHES: the median over 22 H200 host-phase probe runs at sequence 256 of "
+        "its host time per launch over the other launches'); generated steps only")
     timed = [b.id for b, t in zip(chosen, rp.timed, strict=True) if t is not None]
     model.provenance["host.own_launch_ref_s"] = (
         f"calibrated: the median own launch pace of the {len(timed)} fitted runs whose trainer timed it "

@@ -32,7 +32,7 @@ MIN_RUNS = 8
 # The line is fitted over the timed runs of the configurations whose median measured step exceeds their median step
 # simulated at no host cost by at least this share of it (`config_exposures`): twice calib.project.HOST_BOUND_SHARE.
 # A configuration the host hardly paces lies within the kernel and network models' error of that step (the held-out
-# runs predicted GPU-bound: at most 5.6 % on the H200, 6.8 % on the H100; docs/validate.md), so its step says little
+# runs predicted GPU-bound: under 7 % at most on either GPU; docs/validate.md), so its step says little
 # of its host; and its profiled span per node is long kernels' time more than its host's: the 4-GPU H100 runs of
 # round 37 (Llama-3 70B layers at TP 4 + SP, 4 % exposed; TP 2 x PP 2 + SP and Llama-3 8B at TP 2 x DP 2, 7 %) span
 # 160-261 us a node at own paces of 6.6-10.3 us, where the host-paced runs span 110-180 us at 8-12 us, and with them

@@ -96,7 +96,15 @@ def summary_lines(report: ValidationReport) -> list[tuple[str, str, str, str, st
         aim = ", ".join(f"{w} {goal[k]:.0f}%" for k, w in (("mean_pct", "mean"), ("max_pct", "max")) if k in goal) or "-"
         rows.append((label, _pct(s.get(f"{key}_mape")), _pct(s.get(f"{key}_max")),
                      str(s.get(f"{key}_count", 0)), str(s.get(f"{key}_configs", 0)), f"{bound} (goal: {aim})"))
+    if s.get("config_floor_count"):
+        rows.append((FLOOR_LABEL, _pct(s.get("config_floor_mape")), _pct(s.get("config_floor_max")),
+                     str(s["config_floor_count"]), str(s.get("config_floor_configs", 0)), "- (no model enters it)"))
     return rows
+
+
+# calib.validation.types.config_floor
+FLOOR_LABEL = ("held-out floor: one step per configuration, the best knowing every run's measurement (what a "
+               "prediction from the configuration alone cannot go below)")
 
 
 def _cell(text: str) -> str:

@@ -174,6 +174,24 @@ def repeats(runs: list[RunError]) -> list[dict]:
     return out
 
 
+def config_floor(runs: list[RunError]) -> list[float]:
+    """Per held-out run with a measured step, the absolute error (percent) of the one step time that minimises its
+    configuration's mean absolute percent error, chosen knowing every run's measured step: the median of the runs'
+    steps weighted by 1 / step (a configuration measured once: 0). No model enters it: a prediction from the
+    configuration alone, as a projection is, cannot have a lower mean error on these runs."""
+    steps: dict[str, list[float]] = {}
+    for r in runs:
+        if r.kind == HELDOUT and r.measured_step_s > 0:
+            steps.setdefault(r.config, []).append(r.measured_step_s)
+    out: list[float] = []
+    for measured in steps.values():
+        ordered = sorted(measured)
+        weights = np.cumsum([1.0 / m for m in ordered])
+        best = ordered[int(np.searchsorted(weights, weights[-1] / 2))]
+        out += [100.0 * abs(best - m) / m for m in measured]
+    return out
+
+
 def _kind_summary(key: str, scored: list[RunError], missing: list[str]) -> dict:
     """One kind's entries of the summary, `<key>_*`: the mean and max absolute error of the `scored` runs, how many
     runs and configurations they are, and the runs `missing` a figure."""
@@ -187,6 +205,7 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
     """heldout/replay/in-sample/predicted-before mean and max absolute error (percent), and the runs/configs
     behind each; `heldout_gpu_bound_*` the same over the held-out runs predicted GPU-bound (GPU_BOUND_KEY: no missing
     runs, a run without a prediction has no host share and counts under `heldout`);
+    `config_floor_*`: the held-out error no prediction from the configuration alone can go below (`config_floor`);
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     from calib.project import HOST_BOUND_SHARE
 
@@ -198,6 +217,10 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
                  and r.host_share <= HOST_BOUND_SHARE]
     out.update(_kind_summary(GPU_BOUND_KEY, gpu_bound, []))
     out[f"{GPU_BOUND_KEY}_share"] = HOST_BOUND_SHARE
+    floor = config_floor(runs)
+    out["config_floor_mape"], out["config_floor_max"] = error_stats(floor)
+    out["config_floor_count"] = len(floor)
+    out["config_floor_configs"] = len({r.config for r in runs if r.kind == HELDOUT and r.measured_step_s > 0})
     rep = [r["spread_pct"] for r in repeats(runs)]
     out["repeat_configs"] = len(rep)
     out["repeat_spread_mean"] = sum(rep) / len(rep) if rep else None

@@ -36,6 +36,8 @@ from calib.sim.types import RankClass, SimWorkload
 from calib.workload import ops as O
 from calib.workload.flops import hardware_flops_per_step, model_flops_per_step
 from calib.workload.host import (
+    EXPERT_LOOP_LAUNCHES,
+    EXPERT_LOOP_OPS,
     GROUPED_SYNCS,
     HOST_READ,
     HOST_SYNC,
@@ -321,15 +323,24 @@ class TraceBuilder:
 
 def _kernel_runs(run: list[tuple[O.Op, int]], durations: dict[O.Op, int]) -> list[tuple[int, int]]:
     """(duration_ns, count) of the kernels a run of (op, repeat) launches: an op of several kernels
-    (Op.kernels) has its instance's time spread over them."""
+    (Op.kernels) has its instance's time spread over them. After an op of the expert loop (EXPERT_LOOP_OPS)
+    the host's further time on its launches (EXPERT_LOOP_LAUNCHES) follows as launches of no GPU time, owed
+    fractions carried to the next such op."""
     out: list[tuple[int, int]] = []
+    owed = 0.0
     for o, r in run:
         d, k = durations[o], o.kernels
         if k == 1:
             out.append((d, r))
-            continue
-        q = d // k
-        out += [(q, k - 1), (d - (k - 1) * q, 1)] * r
+        else:
+            q = d // k
+            out += [(q, k - 1), (d - (k - 1) * q, 1)] * r
+        if EXPERT_LOOP_OPS.fullmatch(o.name):
+            owed += (EXPERT_LOOP_LAUNCHES - 1.0) * k * r
+            extra = int(owed + 1e-9)
+            if extra:
+                out.append((0, extra))
+                owed -= extra
     return out
 
 

@@ -36,6 +36,7 @@ each blocking call of the first micro-batch's forward waiting for the TP group's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -94,6 +95,17 @@ GROUPED_SYNCS = frozenset({"moe.router.bookkeeping"})
 ROUTING_GROUP_NODES = 8
 # Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
 # torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.
+# megatron-core's expert loop (`moe.routed_experts_compute`, a Python loop over the local experts) spends more
+# host time per launch than the rest of a step: over the 22 H200 host-phase runs at sequence 256 (one and two GPUs,
+# probe rounds 1-11; `python benchmarks/expert_loop_weight.py`) its exclusive host time per launch is 1.13-3.13 times
+# that of the micro-batches' other launches, median 1.49. The generator charges each forward launch of the loop
+# (EXPERT_LOOP_OPS) this many launches, the extra as launches of no GPU time after the loop's ops, so that it
+# delays the GPU only where the host is behind it (docs/host.md, "The expert loop's launches, measured"). Replays of
+# converted ETs charge the loop like any launch: its kernels are not told apart there.
+EXPERT_LOOP_LAUNCHES = 1.5
+# The generator's forward ops of one expert in that loop (calib.workload.ops: `_mlp_body_fwd` with tag
+# `moe.expertN`, and the scaling by the routing probability); a recomputed forward runs the loop again.
+EXPERT_LOOP_OPS = re.compile(r"moe\.expert\d+\.(fc1|fc1\.bias|silu|silu\.add|gate|gelu|scale|fc2)")
 
 
 
