@@ -13,7 +13,6 @@ those runs are listed but not in the median.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,17 +27,10 @@ LOOP = "moe.routed_experts_compute"
 
 def _runs(d: Path) -> list[tuple[str, dict, dict | None]]:
     """(run, phases, modules) of one probe round, from its results or, where only that is committed, its summary."""
-    files = [f for f in sorted(d.glob("*.json*")) if f.name != "summary.json"]
-    if files:
-        out = []
-        for f in files:
-            r = host_phases.load(f)
-            out.append((r["name"], host_phases.phases(r), host_phases.modules(r).to_dict(orient="index")))
-        return out
-    if (d / "summary.json").is_file():
-        kept = json.loads((d / "summary.json").read_text())["runs"]
+    runs, kept = host_phases.load_round(d)
+    if kept is not None:
         return [(name, v["phases"], v.get("modules")) for name, v in kept.items()]
-    return []
+    return [(r["name"], host_phases.phases(r), host_phases.modules(r).to_dict(orient="index")) for r in runs]
 
 
 def ratios(dirs: list[Path]) -> pd.DataFrame:

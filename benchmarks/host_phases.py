@@ -30,6 +30,14 @@ def load(path: Path) -> dict:
     return json.loads(decompress(path.read_bytes(), str(path)))
 
 
+def load_round(d: Path) -> tuple[list[dict], dict | None]:
+    """A probe round's results, and where none are committed its summary's runs (`summary`; None without one)."""
+    runs = [load(f) for f in sorted(d.glob("*.json*")) if f.name != "summary.json"]
+    if not runs and (d / "summary.json").is_file():  # a round committed as its summary only
+        return [], json.loads((d / "summary.json").read_text())["runs"]
+    return runs, None
+
+
 def _by_step(spans: list) -> dict[int, list[tuple[str, int, int]]]:
     out: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
     for label, step, start, end in spans:
@@ -168,10 +176,9 @@ def main(argv: list[str]) -> int:
     dirs = [Path(a) for a in args] or sorted((ROOT / "traces").glob("*/_probes/host-phases-*"))
     pd.set_option("display.width", 200)
     for d in dirs:
-        runs = [load(f) for f in sorted(d.glob("*.json*")) if f.name != "summary.json"]
+        runs, kept = load_round(d)
         print(f"\n{d.parent.parent.name}/{d.name}")
-        if not runs and (d / "summary.json").is_file():  # a round committed as its summary only
-            kept = json.loads((d / "summary.json").read_text())["runs"]
+        if kept is not None:
             print(pd.DataFrame([v["phases"] for v in kept.values()]).set_index("run").round(1).to_string())
             if show_modules:
                 for name, v in ((n, v) for n, v in kept.items() if "modules" in v):  # rounds 12-14 kept none
