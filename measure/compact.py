@@ -1,7 +1,8 @@
 """Recompress a bundle's gzip files with xz, losslessly and checked: its kept raw traces
 (raw/*.json.gz) and its Chakra ETs (et/rank.N.et.gz); and a probe round's results (*.json.gz, as
-measure.probes.host_phases writes them into traces/*/_probes/host-phases-N). Its parquet tables are
-rewritten as bundles are written now (calib.bundle.io.write_parquet), where that is smaller.
+measure.probes.host_phases writes them into traces/*/_probes/host-phases-N). Its parquet tables and its
+manifest.json are rewritten as bundles are written now (calib.bundle.io.write_parquet, manifest_text), where that is
+smaller and reads back the same.
 
     python -m measure.compact BUNDLE_OR_PROBE_DIR [...]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import lzma
 import os
 import zlib
@@ -23,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from calib.bundle.io import write_parquet
+from calib.bundle.io import manifest_text, write_parquet
 from calib.chakra.codec import XZ_PRESET
 from calib.errors import CalibError
 
@@ -52,7 +54,30 @@ def compact(bundle: Path) -> tuple[int, int]:
         size, new = compact_parquet(table)
         before += size
         after += new
+    if (bundle / "manifest.json").is_file():
+        size, new = compact_manifest(bundle / "manifest.json")
+        before += size
+        after += new
     return before, after
+
+
+def compact_manifest(file: Path) -> tuple[int, int]:
+    """(bytes before, bytes after) of a manifest.json rewritten by manifest_text: kept only when it parses back to
+    the same object (floats by their shortest repr, NaN included) and is smaller."""
+    text = file.read_text()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CalibError(f"{file}: not valid JSON ({exc}); left as it was") from None
+    new = manifest_text(data)
+    if manifest_text(json.loads(new)) != new or json.dumps(json.loads(new), sort_keys=True) != json.dumps(data, sort_keys=True):
+        raise CalibError(f"{file}: JSON round trip differs; left as it was")
+    if len(new.encode()) >= len(text.encode()):
+        return len(text.encode()), len(text.encode())
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(new)
+    os.replace(tmp, file)
+    return len(text.encode()), len(new.encode())
 
 
 def same_table(a: pa.Table, b: pa.Table) -> bool:

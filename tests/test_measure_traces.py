@@ -141,6 +141,46 @@ def test_compact_rewrites_a_bundles_tables_as_bundles_are_written_now(tmp_path: 
     assert bad.read_bytes() == b"PAR1 not really"
 
 
+def test_compact_rewrites_a_manifest_as_bundles_write_it_now(tmp_path: Path) -> None:
+    """measure.compact on a manifest written indented, as bundles were until the forty-sixth session: the same object
+    read back (a NaN field too), smaller, exactly as BundleWriter writes one now; compacted already, it is left as it
+    is; one that is not JSON is one clear error and is left as it was."""
+    from calib.bundle.io import manifest_text, read_bundle
+    from measure.compact import compact_manifest
+
+    src = TRACES / "h100" / "llama8b-pp4-rcfull"
+    copy = tmp_path / src.name
+    shutil.copytree(src, copy)
+    mf = copy / "manifest.json"
+    data = json.loads(mf.read_text())
+    data["notes"] = {**data.get("notes", {}), "a_nan": float("nan")}
+    mf.write_text(json.dumps(data, indent=2, sort_keys=True))
+    before, after = compact_manifest(mf)
+    assert after < 0.75 * before and mf.read_text() == manifest_text(data)
+    again = json.loads(mf.read_text())
+    assert again["notes"].pop("a_nan") != again["notes"].get("a_nan")  # NaN, kept
+    data["notes"].pop("a_nan")
+    assert again == data
+    read_back = read_bundle(copy).manifest.to_dict()
+    read_back["notes"].pop("a_nan")
+    assert read_back == read_bundle(src).manifest.to_dict()
+    assert compact_manifest(mf) == (after, after)
+    mf.write_text("{not json")
+    with pytest.raises(CalibError, match="not valid JSON"):
+        compact_manifest(mf)
+    assert mf.read_text() == "{not json"
+
+
+def test_committed_manifests_are_written_as_bundles_write_them() -> None:
+    """Every committed bundle's manifest.json is byte for byte what manifest_text makes of it: measure.compact ran over
+    them all, and a bundle committed since was written so."""
+    from calib.bundle.io import manifest_text
+
+    manifests = sorted(TRACES.glob("*/*/manifest.json"))
+    assert len(manifests) > 300
+    assert [m for m in manifests if m.read_text() != manifest_text(json.loads(m.read_text()))] == []
+
+
 def test_a_table_is_the_same_only_bit_for_bit():
     """measure.compact keeps a rewritten table only if it is the same: NaNs equal themselves, nulls stay
     nulls, and one changed value, or a changed pandas metadata, is a difference."""

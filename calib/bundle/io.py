@@ -67,6 +67,13 @@ def write_parquet(table: pd.DataFrame | pa.Table, path: str | os.PathLike) -> No
     Path(path).write_bytes(best)
 
 
+def manifest_text(data: dict) -> str:
+    """A manifest as every bundle's manifest.json holds it (the one place that says how): keys sorted, no whitespace
+    between tokens. Each committed bundle's manifest travels with every device call under the 64 MiB limit, and the
+    indented form took 0.43 MiB more over the committed bundles; `python -m json.tool` shows one indented."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -98,7 +105,7 @@ class BundleWriter:
         write_parquet(df, self.tmp / f"{name}.parquet")
 
     def _seal(self) -> Path:
-        (self.tmp / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=2, sort_keys=True))
+        (self.tmp / "manifest.json").write_text(manifest_text(self.manifest.to_dict()))
         if self.path.exists():
             shutil.rmtree(self.path)
         os.replace(self.tmp, self.path)
@@ -187,7 +194,7 @@ def update_notes(path: str | os.PathLike, notes: dict) -> None:
     manifest = Path(path) / "manifest.json"
     data = json.loads(manifest.read_text())
     data.setdefault("notes", {}).update(notes)
-    write_text_atomic(manifest, json.dumps(data, indent=2, sort_keys=True))
+    write_text_atomic(manifest, manifest_text(data))
 
 
 def steps_span_s(steps: pd.DataFrame) -> tuple[float, float]:

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from calib.bundle.io import read_bundle
+from calib.bundle.io import manifest_text, read_bundle
 from calib.errors import CalibError
 from calib.report import write_text_atomic
 
@@ -47,7 +47,7 @@ def link_twins(on: Path, off: Path) -> float:
     data.setdefault("notes", {})["telemetry_twin"] = {
         "off_bundle": off.name, "method": "median measured step (slowest rank) on / off - 1",
     }
-    write_text_atomic(mf, json.dumps(data, indent=2, sort_keys=True))
+    write_text_atomic(mf, manifest_text(data))
     return frac
 
 
