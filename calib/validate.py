@@ -52,6 +52,7 @@ from calib.validation.types import (
     MODEL_FREE,
     PREDICTED,
     REPLAY,
+    REPLAY_GPU_BOUND_KEY,
     ModelError,
     RunError,
     ValidationReport,
@@ -586,6 +587,7 @@ def write_validation_section(path: Path, report: ValidationReport) -> None:
         "predicted_before_mape": s.get("predicted_before_mape"), "predicted_before_max": s.get("predicted_before_max"),
         "predicted_before_count": s.get("predicted_before_count"),
         **{f"{GPU_BOUND_KEY}_{k}": s.get(f"{GPU_BOUND_KEY}_{k}") for k in ("mape", "max", "count", "configs", "share")},
+        **{f"{REPLAY_GPU_BOUND_KEY}_{k}": s.get(f"{REPLAY_GPU_BOUND_KEY}_{k}") for k in ("mape", "max", "count", "configs")},
         "method": "leave-one-configuration-out over the real GPU training bundles (calib validate)",
         # host_share: what calib.project.error_band compares a projection's own with (held-out runs only)
         "runs": [

@@ -136,8 +136,10 @@ def test_the_configuration_floor_is_the_least_error_of_one_step_per_configuratio
     steps = [1.0, 1.1, 1.45, 1.2]
     runs = [dataclasses.replace(_run(f"a{i}", HELDOUT, m, m), config="cfg-a") for i, m in enumerate(steps)]
     runs += [_run("b", HELDOUT, 2.0, 2.6), _run("a0", REPLAY, 1.0, 1.3)]
-    floor = config_floor(runs)
-    assert len(floor) == 5 and sorted(floor)[:2] == [0.0, 0.0]  # b alone, and the step chosen among a's
+    by_config = config_floor(runs)
+    assert sorted(by_config) == ["cfg-a", runs[4].config] and by_config[runs[4].config] == [0.0]  # b alone: 0
+    floor = [e for errs in by_config.values() for e in errs]
+    assert len(floor) == 5 and sorted(by_config["cfg-a"])[0] == 0.0  # the step chosen among a's
     grid = np.linspace(0.9, 1.6, 1401)
     best = min(np.mean([abs(p - m) / m for m in steps]) for p in grid)
     assert sum(floor) / 4 == pytest.approx(100 * best, abs=1e-3)
@@ -286,6 +288,31 @@ def test_the_held_out_runs_predicted_gpu_bound_are_scored_apart() -> None:
     assert any(row[0].startswith("held-out, predicted GPU-bound (host share <= 5%)") and row[3] == "2"
                for row in summary_lines(report))
     assert [r.to_dict()["host_share"] for r in runs[:2]] == pytest.approx([0.01, HOST_BOUND_SHARE])
+
+
+def test_the_replays_of_the_runs_predicted_gpu_bound_are_scored_apart() -> None:
+    """replay_gpu_bound_*: the replays of the runs whose held-out prediction is GPU-bound, chosen by that prediction
+    and not by the replay's own error; a replay of a host-bound run is not among them, one that could not be replayed
+    counts as missing, and a threshold on them fails the check like any other."""
+    def with_other(run: RunError, other_share: float) -> RunError:
+        run.breakdown_predicted_s = {"compute": run.predicted_step_s * (1 - other_share),
+                                     "other": run.predicted_step_s * other_share}
+        return run
+
+    runs = [with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), with_other(_run("b", HELDOUT, 1.0, 1.04), 0.02),
+            with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), _run("a", REPLAY, 1.0, 1.01), _run("b", REPLAY, 1.0, None),
+            _run("c", REPLAY, 1.0, 1.5)]
+    s = summarize(runs, real_bundles=3)
+    assert s["replay_count"] == 2 and s["replay_max"] == pytest.approx(50.0)
+    assert s["replay_gpu_bound_count"] == 1 and s["replay_gpu_bound_mape"] == pytest.approx(1.0)
+    assert s["replay_gpu_bound_missing_runs"] == ["b"]
+    t = Thresholds(limits={"replay_gpu_bound": {"mean_pct": 0.5}})
+    assert violations(s, t) == [
+        "replay_gpu_bound: 1 run(s) have no replay_gpu_bound error (b); the threshold allows 0 (; the reports say why)",
+        "replay_gpu_bound mean step-time error 1.00% exceeds the threshold 0.50% (1 runs; )"]
+    labels = [row[0] for row in summary_lines(ValidationReport(runs=runs, models=[], summary=s, calibration={}))]
+    assert labels[:4] == ["held-out", "held-out, predicted GPU-bound (host share <= 5%)", "replay",
+                          "replay, predicted GPU-bound (host share <= 5% held out)"]
 
 
 def test_thresholds_file_is_valid_and_goals_not_enforced() -> None:

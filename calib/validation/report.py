@@ -25,6 +25,8 @@ from calib.validation.types import (
     KIND_TEXT,
     PREDICTED,
     REPLAY,
+    REPLAY_GPU_BOUND_KEY,
+    REPLAY_GPU_BOUND_TEXT,
     SUMMARY_KEYS,
     RunError,
     ValidationReport,
@@ -32,7 +34,7 @@ from calib.validation.types import (
 )
 
 KIND_LABEL = {REPLAY: "replay", HELDOUT: "held-out", IN_SAMPLE: "in-sample", PREDICTED: "predicted before the run"}
-KIND_NOTES = (*KIND_TEXT.values(), GPU_BOUND_TEXT)  # what each summary row means, listed under the table
+KIND_NOTES = (*KIND_TEXT.values(), GPU_BOUND_TEXT, REPLAY_GPU_BOUND_TEXT)  # what each summary row means, listed under the table
 KIND_COLOR = {REPLAY: "tab:blue", HELDOUT: "tab:red", IN_SAMPLE: "tab:gray", PREDICTED: "tab:green"}
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
@@ -86,7 +88,10 @@ def summary_lines(report: ValidationReport) -> list[tuple[str, str, str, str, st
     rows = []
     keys = [(key, KIND_LABEL[kind]) for key, kind in SUMMARY_KEYS]
     if s.get(f"{GPU_BOUND_KEY}_share") is not None:
-        keys.insert(1, (GPU_BOUND_KEY, f"held-out, predicted GPU-bound (host share <= {100 * s[f'{GPU_BOUND_KEY}_share']:.0f}%)"))
+        share = f"host share <= {100 * s[f'{GPU_BOUND_KEY}_share']:.0f}%"
+        keys.insert(1, (GPU_BOUND_KEY, f"held-out, predicted GPU-bound ({share})"))
+        if s.get(f"{REPLAY_GPU_BOUND_KEY}_count") is not None:
+            keys.insert(3, (REPLAY_GPU_BOUND_KEY, f"replay, predicted GPU-bound ({share} held out)"))
     for key, label in keys:
         lim = report.thresholds.get(key, {})
         goal = report.goals.get(key, {})

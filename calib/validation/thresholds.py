@@ -2,7 +2,8 @@
 
 Thresholds are percentages on the step-time errors of the summary: `mean_pct` bounds the mean
 absolute error (the summary's `<kind>_mape`), `max_pct` the largest one (`<kind>_max`), for each
-kind (heldout, replay, and heldout_gpu_bound: the held-out runs whose prediction is GPU-bound); `missing` is how many runs may lack a figure of that kind (0 when not
+kind (heldout, replay, and heldout_gpu_bound / replay_gpu_bound: the held-out runs whose prediction is GPU-bound,
+held out and replayed); `missing` is how many runs may lack a figure of that kind (0 when not
 given: a run that cannot be validated must not pass silently). They are set at what
 calib reaches now, rounded up a little, and only ever lowered. `by_gpu` (optional) maps a GPU family
 (`h100`, as calib.validation.engine.gpu_family names it) to limits of its own, which replace the common
@@ -20,7 +21,8 @@ from calib.errors import CalibError
 from calib.yamlio import load_yaml
 
 SCHEMA = "calib.validation-thresholds/1"
-KINDS = ("heldout", "replay", "heldout_gpu_bound")  # the last: the held-out runs predicted GPU-bound (summary)
+# The last two: the held-out runs predicted GPU-bound, held out and replayed (calib.validation.types.summarize).
+KINDS = ("heldout", "replay", "heldout_gpu_bound", "replay_gpu_bound")
 STATS = ("mean_pct", "max_pct", "missing")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "validation-thresholds.yaml"
 

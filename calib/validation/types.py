@@ -24,6 +24,12 @@ GPU_BOUND_TEXT = ("held-out, predicted GPU-bound: the held-out runs whose own he
                   "stated share of the step to its host (the breakdown's \"other\": the GPU waiting for launches and "
                   "syncs); chosen by the prediction, not the measurement, as a projection's band is "
                   "(calib.project.error_band)")
+# The replays of those same runs (chosen by their held-out prediction, so by the configuration, not by how the replay
+# came out), scored apart as `replay_gpu_bound_*`: what a replay is off by where its host does not pace its step.
+REPLAY_GPU_BOUND_KEY = "replay_gpu_bound"
+REPLAY_GPU_BOUND_TEXT = ("replay, predicted GPU-bound: the replays of the held-out runs predicted GPU-bound (above); "
+                         "each replays the kernels of one profiled step, so it moves with that step against the "
+                         "median of the unprofiled ones")
 
 # What each kind means, printed beside every figure.
 KIND_TEXT = {
@@ -174,21 +180,21 @@ def repeats(runs: list[RunError]) -> list[dict]:
     return out
 
 
-def config_floor(runs: list[RunError]) -> list[float]:
-    """Per held-out run with a measured step, the absolute error (percent) of the one step time that minimises its
-    configuration's mean absolute percent error, chosen knowing every run's measured step: the median of the runs'
-    steps weighted by 1 / step (a configuration measured once: 0). No model enters it: a prediction from the
-    configuration alone, as a projection is, cannot have a lower mean error on these runs."""
+def config_floor(runs: list[RunError]) -> dict[str, list[float]]:
+    """Per configuration, the absolute error (percent) of each held-out run with a measured step against the one step
+    time that minimises the configuration's mean absolute percent error, chosen knowing every run's measured step:
+    the median of the runs' steps weighted by 1 / step (a configuration measured once: 0). No model enters it: a
+    prediction from the configuration alone, as a projection is, cannot have a lower mean error on these runs."""
     steps: dict[str, list[float]] = {}
     for r in runs:
         if r.kind == HELDOUT and r.measured_step_s > 0:
             steps.setdefault(r.config, []).append(r.measured_step_s)
-    out: list[float] = []
-    for measured in steps.values():
+    out: dict[str, list[float]] = {}
+    for config, measured in steps.items():
         ordered = sorted(measured)
         weights = np.cumsum([1.0 / m for m in ordered])
         best = ordered[int(np.searchsorted(weights, weights[-1] / 2))]
-        out += [100.0 * abs(best - m) / m for m in measured]
+        out[config] = [100.0 * abs(best - m) / m for m in measured]
     return out
 
 
@@ -204,7 +210,8 @@ def _kind_summary(key: str, scored: list[RunError], missing: list[str]) -> dict:
 def summarize(runs: list[RunError], real_bundles: int) -> dict:
     """heldout/replay/in-sample/predicted-before mean and max absolute error (percent), and the runs/configs
     behind each; `heldout_gpu_bound_*` the same over the held-out runs predicted GPU-bound (GPU_BOUND_KEY: no missing
-    runs, a run without a prediction has no host share and counts under `heldout`);
+    runs, a run without a prediction has no host share and counts under `heldout`); `replay_gpu_bound_*` over the
+    replays of those runs (REPLAY_GPU_BOUND_KEY);
     `config_floor_*`: the held-out error no prediction from the configuration alone can go below (`config_floor`);
     `repeat_*`: how far apart the runs of a configuration measured more than once are (`repeats`)."""
     from calib.project import HOST_BOUND_SHARE
@@ -217,10 +224,14 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
                  and r.host_share <= HOST_BOUND_SHARE]
     out.update(_kind_summary(GPU_BOUND_KEY, gpu_bound, []))
     out[f"{GPU_BOUND_KEY}_share"] = HOST_BOUND_SHARE
+    bound_runs = {r.run for r in gpu_bound}
+    out.update(_kind_summary(REPLAY_GPU_BOUND_KEY, [r for r in runs if r.kind == REPLAY and r.run in bound_runs
+                                                    and r.error_pct is not None],
+                             [r.run for r in runs if r.kind == REPLAY and r.run in bound_runs and r.error_pct is None]))
     floor = config_floor(runs)
-    out["config_floor_mape"], out["config_floor_max"] = error_stats(floor)
-    out["config_floor_count"] = len(floor)
-    out["config_floor_configs"] = len({r.config for r in runs if r.kind == HELDOUT and r.measured_step_s > 0})
+    out["config_floor_mape"], out["config_floor_max"] = error_stats([e for errs in floor.values() for e in errs])
+    out["config_floor_count"] = sum(len(errs) for errs in floor.values())
+    out["config_floor_configs"] = len(floor)
     rep = [r["spread_pct"] for r in repeats(runs)]
     out["repeat_configs"] = len(rep)
     out["repeat_spread_mean"] = sum(rep) / len(rep) if rep else None

@@ -95,6 +95,7 @@ GROUPED_SYNCS = frozenset({"moe.router.bookkeeping"})
 ROUTING_GROUP_NODES = 8
 # Pipeline sends and receives are host syncs too: megatron-core batches them and then calls
 # torch.cuda.synchronize() (batch_p2p_sync, on by default); the generator marks them.
+
 # megatron-core's expert loop (`moe.routed_experts_compute`, a Python loop over the local experts) spends more
 # host time per launch than the rest of a step: over the 22 H200 host-phase runs at sequence 256 (one and two GPUs,
 # probe rounds 1-11; `python benchmarks/expert_loop_weight.py`) its exclusive host time per launch is 1.13-3.13 times
@@ -106,7 +107,6 @@ EXPERT_LOOP_LAUNCHES = 1.5
 # The generator's forward ops of one expert in that loop (calib.workload.ops: `_mlp_body_fwd` with tag
 # `moe.expertN`, and the scaling by the routing probability); a recomputed forward runs the loop again.
 EXPERT_LOOP_OPS = re.compile(r"moe\.expert\d+\.(fc1|fc1\.bias|silu|silu\.add|gate|gelu|scale|fc2)")
-
 
 
 @dataclass(frozen=True)
