@@ -71,10 +71,10 @@ def training_bundles(dirs: list[str]) -> tuple[list, object]:
 def prepared_runs(chosen: list, cal: object) -> tuple[list, RunPaces]:
     """Each bundle's generated step (calib.models.host.prepare_run, not yet at its own pace) and the own launch
     paces calib.models.host.fit_host reads for them (`run_paces`: timed, else from the profiled step)."""
-    from calib.models.host import _collector_paused, prepare_run, run_paces
+    from calib.models.host import collector_paused, prepare_run, run_paces
 
     kernel = cal.kernel_model()  # type: ignore[attr-defined]
-    with _collector_paused():
+    with collector_paused():
         runs = [prepare_run(b, kernel, cal) for b in chosen]
         return runs, run_paces(chosen, runs)
 
@@ -89,7 +89,7 @@ def print_fit(name: str, model: object, err: dict, seconds: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from calib.models.host import PATH_WEIGHTS, _collector_paused, fit_runs, path_exponent
+    from calib.models.host import PATH_WEIGHTS, collector_paused, fit_runs, path_exponent
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
             return path_exponent(m.spec.tp, m.spec.pp, m.spec.ep, {k: v for k, v in w.items() if k in PATH_WEIGHTS}) + extra
 
         t = time.perf_counter()
-        with _collector_paused():
+        with collector_paused():
             model, err = fit_runs([dataclasses.replace(r, path=path(r.id)) for r in runs])
         print_fit(name, model, err, time.perf_counter() - t)
     return 0

@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     for v in variants:
         est = untimed_paces(ids, spans, busy, paces, v, line)
         runs = [p_run.at_own_pace(host.own_pace_factor(p, ref)) for p_run, p in zip(prepared, est, strict=True)]
-        with host._collector_paused():
+        with host.collector_paused():
             model, err = host.fit_runs(runs)
         errors = np.array([abs(x["heldout_step_s"] / x["measured_s"] - 1) * 100 for x in model.runs])
         factors = np.array([host.own_pace_factor(p, ref) for p in est])

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     for u in factors:
         runs = [r.at_own_pace(host.own_pace_factor(p, ref) if p is not None else u)
                 for r, p in zip(prepared, paces, strict=True)]
-        with host._collector_paused():
+        with host.collector_paused():
             model, err = host.fit_runs(runs)
         errors = np.array([abs(r["heldout_step_s"] / r["measured_s"] - 1) * 100 for r in model.runs])
         timed = np.array([p is not None for p in paces])

@@ -88,3 +88,28 @@ def test_an_unreadable_predictions_file_is_one_clear_error(tmp_path: Path) -> No
     bad.write_text('{"layer": {"step_time_s": 0.3')
     with pytest.raises(CalibError, match="not a readable predictions file"):
         read_predictions(bad)
+
+
+@pytest.mark.parametrize("run", ["llama8b-pp4-rcfull", "gpt175b-tp4"])
+def test_round_38_was_predicted_before_it_ran(run: str) -> None:
+    """Round 38 (traces/README.md): the H100's first four-stage pipeline and GPT-3 175B's layer at TP 4, predicted by
+    the H100 calibration of their day and committed before the call: the measured step (calib's median over the
+    slowest rank) within 3 %, peak allocated memory within 2 % on the busiest stage, device use inside the predicted
+    bracket."""
+    from calib.bundle.io import read_bundle
+    from calib.validation.measured import measured_step
+    from calib.validation.prospective import committed_predictions
+
+    folder = ROOT / "traces" / "h100"
+    bundle = folder / run
+    (pred,) = committed_predictions([bundle])[bundle]
+    assert pred.source == "x4-round38/predictions.json" and pred.calibration.startswith("calibration-h100.yaml")
+    b = read_bundle(bundle)
+    assert b.manifest.spec.tp * b.manifest.spec.pp == 4 and b.manifest.gpu.name == "NVIDIA H100 80GB HBM3"
+    assert abs(pred.step_s / measured_step(b).time_s - 1) < 0.03
+    raw = json.loads((folder / "_campaigns" / "x4-round38" / "predictions.json").read_text())[run]
+    gib = 2**30
+    peak = max(m.peak_allocated_bytes for m in b.manifest.memory) / gib
+    assert abs(raw["memory_gib_per_gpu"] / peak - 1) < 0.02
+    used = max(m.device_used_bytes for m in b.manifest.memory) / gib
+    assert raw["device_low_gib"] <= used <= raw["device_high_gib"]

@@ -47,6 +47,18 @@ def test_the_line_is_least_squares_in_log_log_over_the_timed_runs_only():
     assert line.own_launch_s(400e-6) == pytest.approx(3e-4 * 400e-6**0.5)
 
 
+def test_a_pipelined_run_is_left_out_of_the_line():
+    """A timed run with pipeline parallelism, far off the line (its span waits for the other stages), does not bend
+    it when `pipelined` says so; without the mask it does."""
+    spans = [100e-6 * 1.1**i for i in range(MIN_RUNS)]
+    paces = [3e-4 * s**0.5 for s in spans]
+    spans_pp, paces_pp = [*spans, 430e-6], [*paces, 3e-4 * 150e-6**0.5]  # a pipeline: long span, an ordinary pace
+    line = fit_profiled_pace(spans_pp, paces_pp, pipelined=[False] * MIN_RUNS + [True])
+    assert line is not None and line.runs == MIN_RUNS and line.slope == pytest.approx(0.5)
+    bent = fit_profiled_pace(spans_pp, paces_pp)
+    assert bent is not None and bent.runs == MIN_RUNS + 1 and bent.slope < 0.4
+
+
 def test_too_few_timed_runs_or_no_slope_leave_the_line_unfitted():
     spans = [100e-6 * 1.1**i for i in range(MIN_RUNS)]
     assert fit_profiled_pace(spans[:-1], [1e-5] * (MIN_RUNS - 1)) is None
@@ -104,30 +116,36 @@ def test_a_fit_reads_each_runs_pace_as_run_own_launch_gives_it():
     assert len(set(rp.factors())) == len(bundles)  # untimed runs no longer share the reference's factor 1
 
 
-def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced():
-    """On the H100: the three 4-GPU runs of round 37 are within MIN_HOST_EXPOSURE of their steps at no host cost (their
-    kernels and network pace them), and their profiled span per node is their long kernels', not their host's: with
-    them the line loses its slope; fitted over the runs the host paced, it keeps it."""
+def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced_and_pipelines():
+    """On the H100: the three 4-GPU runs of round 37 and round 38's GPT-3 175B layer at TP 4 are within
+    MIN_HOST_EXPOSURE of their steps at no host cost (their kernels and network pace them), and their profiled span
+    per node is their long kernels', not their host's; round 38's four-stage pipeline is over it (its p2p syncs wait
+    for the host) but its span waits for the other stages too. With them the line loses most of its slope; fitted
+    over the runs the host paced without pipeline parallelism, it keeps it."""
     from calib.calibration import Calibration
-    from calib.models.host import _collector_paused, prepare_run
+    from calib.models.host import collector_paused, prepare_run
     from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
     from calib.project import default_calibration_path
 
     cal = Calibration.load(default_calibration_path("H100"))
     bundles = [read_bundle(d) for d in sorted(H100.iterdir()) if (d / "manifest.json").is_file()]
     timed = [b for b in bundles if b.manifest.kind == "training" and b.et_files() and measured_own_launch_s(b)]
-    with _collector_paused():
+    with collector_paused():
         runs = [prepare_run(b, cal.kernel_model(), cal) for b in timed]
     exposure = {b.id: host_exposure(r.measured_s, r.step(0.0, 0.0, 0.0)) for b, r in zip(timed, runs, strict=True)}
-    r37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt")
+    r37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt", "gpt175b-tp4")
     assert all(exposure[i] < MIN_HOST_EXPOSURE for i in r37)
+    assert exposure["llama8b-pp4-rcfull"] >= MIN_HOST_EXPOSURE
     assert all(e >= MIN_HOST_EXPOSURE for i, e in exposure.items() if "s256" in i and "llama8b-1gpu" not in i)
     spans, paces = [profiled_span_per_node_s(b) for b in timed], [measured_own_launch_s(b) for b in timed]
     every = fit_profiled_pace(spans, paces)
     by_config = config_exposures([r.key for r in runs], [r.measured_s for r in runs], [r.step(0.0, 0.0, 0.0) for r in runs])
-    paced = fit_profiled_pace(spans, paces, by_config)
-    assert every is not None and every.runs == len(timed) and every.r < 0.3
-    assert paced is not None and paced.runs <= len(timed) - 3 and paced.slope > 0.3 and paced.r > 0.5
+    with_pipeline = fit_profiled_pace(spans, paces, by_config)
+    paced = fit_profiled_pace(spans, paces, by_config, [b.manifest.spec.pp > 1 for b in timed])
+    assert every is not None and every.runs == len(timed)
+    assert paced is not None and paced.runs == len(timed) - 5 and paced.slope > 0.3 and paced.r > 0.5
+    assert with_pipeline is not None and with_pipeline.runs == paced.runs + 1
+    assert max(every.slope, with_pipeline.slope) < 0.6 * paced.slope and every.r < paced.r - 0.2
     assert run_paces(timed, runs).line == paced
 
 

@@ -304,6 +304,7 @@ class RunPaces:
     paces: list[float | None]  # the pace each run is fitted at: timed, else its profiled step's, else None
     reference: float | None  # `own_launch_ref_s`: the median timed pace
     line: ProfiledPace | None  # `profiled_pace`, fitted over the timed runs
+    exposures: list[float]  # each run's configuration's host exposure (config_exposures): what the line selects on
 
     def factors(self) -> list[float]:
         """Each run's factor on the host costs (`own_pace_factor` of its pace against the reference)."""
@@ -312,19 +313,25 @@ class RunPaces:
 
 def run_paces(bundles: Sequence[Any], runs: Sequence[_Run]) -> RunPaces:
     """Each training bundle's own launch pace as `fit_host` fits it: its trainer's timing, else the pace the line
-    over the timed runs of the configurations their hosts paced (`runs`, each bundle's `prepare_run`: the
-    configuration's median step at no host cost against its median measured one, calib.models.profiled_pace
-    .config_exposures and MIN_HOST_EXPOSURE) gives its profiled step (`host.profiled_pace`), else
-    the reference (None)."""
+    over the timed runs without pipeline parallelism of the configurations their hosts paced (`runs`, each bundle's
+    `prepare_run`: the configuration's median step at no host cost against its median measured one,
+    calib.models.profiled_pace.config_exposures and MIN_HOST_EXPOSURE) gives its profiled step
+    (`host.profiled_pace`), else the reference (None)."""
     from calib.validation.measured import measured_own_launch_s, profiled_span_per_node_s
 
     timed = [measured_own_launch_s(b) for b in bundles]  # read once: each reads the bundle's steps table
     spans = [profiled_span_per_node_s(b) for b in bundles]
     exposures = config_exposures([r.key for r in runs], [r.measured_s for r in runs],
                                  [r.step(0.0, 0.0, 0.0) for r in runs])
-    line = fit_profiled_pace(spans, timed, exposures)
+    line = fit_profiled_pace(spans, timed, exposures, [_pipelined(b) for b in bundles])
     paces = [own_launch_of(t, s, line)[0] for t, s in zip(timed, spans, strict=True)]
-    return RunPaces(timed, paces, own_pace_reference(timed), line)
+    return RunPaces(timed, paces, own_pace_reference(timed), line, exposures)
+
+
+def _pipelined(bundle: Any) -> bool:
+    """Whether a training bundle ran with pipeline parallelism (its profiled span waits for the other stages)."""
+    spec = bundle.manifest.spec
+    return spec is not None and spec.pp > 1
 
 
 def own_pace_reference(paces: Iterable[float | None]) -> float | None:
@@ -869,7 +876,7 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
     chosen = [b for b in bundles if b.manifest.kind == "training" and is_real_gpu(b) and b.manifest.spec is not None]
     if not chosen:
         raise CalibError("host model: no real-GPU training bundles among the inputs")
-    with _collector_paused():
+    with collector_paused():
         prepared = [prepare_run(b, kernel_model, calibration_without_host) for b in chosen]
         rp = run_paces(chosen, prepared)
         runs = [r.at_own_pace(f) for r, f in zip(prepared, rp.factors(), strict=True)]
@@ -900,7 +907,7 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic collector off while the host model is fitted: each run keeps its last generated
     step (prepare_run), and scanning those again and again took more time than the fit itself. What
     the fit leaves in cycles is collected once at the end."""

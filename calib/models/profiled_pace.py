@@ -10,7 +10,7 @@ launch under the profiler, which on the timed runs follows their own launch pace
 over the H200's 36 timed runs, +0.66 over the H100's 12; docs/host.md, "The profiled step's pace").
 
 `ProfiledPace` is that line, fitted by least squares in log-log over the timed runs of the configurations the
-host paced (MIN_HOST_EXPOSURE, `config_exposures`): the expected own launch
+host paced (MIN_HOST_EXPOSURE, `config_exposures`), pipelines left out: the expected own launch
 pace of a run given its profiled span per node. A run that did not time its pace is simulated at the pace
 the line gives it; one that did, at its timed pace; a projection, at the reference pace (it has no profiled
 step).
@@ -41,6 +41,11 @@ MIN_RUNS = 8
 # timed hosts (llama8b-1gpu-s256-r31/-r31b, 4.5-6.5 % exposed, their configuration 11 %), truncating the line's fast
 # end (docs/host.md, "The line over the runs their host paced").
 MIN_HOST_EXPOSURE = 0.10
+# Nor is a pipeline's profiled span its host's: each stage's profiled step also waits for the other stages (the bubble
+# and the sends and receives between them), whatever its host's pace. The H100's first four-stage run (round 38,
+# Llama-3 8B with full recomputation, 10.1 % exposed by the p2p syncs) spans 432 us a node at an own pace of 12.2 us,
+# where the host-paced runs span 110-195 us at 8-12 us; with it the H100's line fell from slope 0.39 to 0.21. So the
+# line is fitted over runs without pipeline parallelism (`pipelined`).
 TIMED = "timed"  # where a run's own launch pace came from (`own_launch_of`)
 PROFILED = "profiled step"
 
@@ -98,11 +103,14 @@ def config_exposures(keys: Sequence[str], measured_s: Sequence[float], zero_host
 
 
 def fit_profiled_pace(spans: Sequence[float | None], paces: Sequence[float | None],
-                      exposures: Sequence[float] | None = None) -> ProfiledPace | None:
-    """The line over the runs that have both a profiled span per node and a timed own pace, and, where `exposures`
-    are given, a host exposure of at least MIN_HOST_EXPOSURE; None where fewer than MIN_RUNS have, or their pace
-    does not grow with the span (no slope to carry)."""
+                      exposures: Sequence[float] | None = None,
+                      pipelined: Sequence[bool] | None = None) -> ProfiledPace | None:
+    """The line over the runs that have both a profiled span per node and a timed own pace, where `exposures` are
+    given a host exposure of at least MIN_HOST_EXPOSURE, and where `pipelined` is given no pipeline parallelism; None
+    where fewer than MIN_RUNS have, or their pace does not grow with the span (no slope to carry)."""
     paced = [True] * len(spans) if exposures is None else [e >= MIN_HOST_EXPOSURE for e in exposures]
+    if pipelined is not None:
+        paced = [ok and not pp for ok, pp in zip(paced, pipelined, strict=True)]
     pairs = np.array([(s, p) for s, p, ok in zip(spans, paces, paced, strict=True)
                       if s is not None and p is not None and ok])
     if len(pairs) < MIN_RUNS:
