@@ -24,7 +24,8 @@ def runs(bench):
 
 
 def test_only_sampled_runs_are_read(runs) -> None:
-    round37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt")  # sampled, named without a tag
+    round37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt",  # sampled, named without a tag
+               "gpt175b-tp4", "llama8b-pp4-rcfull")  # and round 38's
     assert runs and all(rid.endswith(("-r27", "-r27b", "-r27c", "-r32", "-r32b", "-r33", "-r33b")) or rid in round37
                         for rid in runs)
     assert all(rid in runs for rid in round37)
