@@ -135,17 +135,20 @@ def test_the_line_leaves_out_the_timed_runs_their_host_hardly_paced_and_pipeline
     exposure = {b.id: host_exposure(r.measured_s, r.step(0.0, 0.0, 0.0)) for b, r in zip(timed, runs, strict=True)}
     r37 = ("llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt", "gpt175b-tp4")
     assert all(exposure[i] < MIN_HOST_EXPOSURE for i in r37)
-    assert exposure["llama8b-pp4-rcfull"] >= MIN_HOST_EXPOSURE
+    # Round 38's pipeline sits at the rule's edge (10.1 % against the calibration before it, 9.9 % against the
+    # refitted one); its span is the pipeline's whichever side it falls: twice the longest of the runs the line takes.
+    assert abs(exposure["llama8b-pp4-rcfull"] - MIN_HOST_EXPOSURE) < 0.005
     assert all(e >= MIN_HOST_EXPOSURE for i, e in exposure.items() if "s256" in i and "llama8b-1gpu" not in i)
     spans, paces = [profiled_span_per_node_s(b) for b in timed], [measured_own_launch_s(b) for b in timed]
     every = fit_profiled_pace(spans, paces)
     by_config = config_exposures([r.key for r in runs], [r.measured_s for r in runs], [r.step(0.0, 0.0, 0.0) for r in runs])
-    with_pipeline = fit_profiled_pace(spans, paces, by_config)
-    paced = fit_profiled_pace(spans, paces, by_config, [b.manifest.spec.pp > 1 for b in timed])
+    pipelined = [b.manifest.spec.pp > 1 for b in timed]
+    paced = fit_profiled_pace(spans, paces, by_config, pipelined)
     assert every is not None and every.runs == len(timed)
     assert paced is not None and paced.runs == len(timed) - 5 and paced.slope > 0.3 and paced.r > 0.5
-    assert with_pipeline is not None and with_pipeline.runs == paced.runs + 1
-    assert max(every.slope, with_pipeline.slope) < 0.6 * paced.slope and every.r < paced.r - 0.2
+    assert every.slope < 0.6 * paced.slope and every.r < paced.r - 0.2
+    taken = [s for s, e, pp in zip(spans, by_config, pipelined, strict=True) if e >= MIN_HOST_EXPOSURE and not pp]
+    assert profiled_span_per_node_s(next(b for b in timed if b.id == "llama8b-pp4-rcfull")) > 2 * max(taken)
     assert run_paces(timed, runs).line == paced
 
 
