@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from calib.bundle.io import manifest_text, write_parquet
 from calib.chakra.codec import XZ_PRESET
 from calib.errors import CalibError
+from calib.report import write_text_atomic
 
 PATTERNS = ("raw/*.json.gz", "et/rank.*.et.gz", "*.json.gz")
 
@@ -63,21 +64,21 @@ def compact(bundle: Path) -> tuple[int, int]:
 
 def compact_manifest(file: Path) -> tuple[int, int]:
     """(bytes before, bytes after) of a manifest.json rewritten by manifest_text: kept only when it parses back to
-    the same object (floats by their shortest repr, NaN included) and is smaller."""
+    the same object (floats by their shortest repr, NaN included: the written form of what it parses to is itself)
+    and is smaller."""
     text = file.read_text()
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise CalibError(f"{file}: not valid JSON ({exc}); left as it was") from None
     new = manifest_text(data)
-    if manifest_text(json.loads(new)) != new or json.dumps(json.loads(new), sort_keys=True) != json.dumps(data, sort_keys=True):
+    if manifest_text(json.loads(new)) != new:
         raise CalibError(f"{file}: JSON round trip differs; left as it was")
-    if len(new.encode()) >= len(text.encode()):
-        return len(text.encode()), len(text.encode())
-    tmp = file.with_name(file.name + ".tmp")
-    tmp.write_text(new)
-    os.replace(tmp, file)
-    return len(text.encode()), len(new.encode())
+    before, after = len(text.encode()), len(new.encode())
+    if after >= before:
+        return before, before
+    write_text_atomic(file, new)
+    return before, after
 
 
 def same_table(a: pa.Table, b: pa.Table) -> bool:

@@ -261,19 +261,21 @@ def test_depth_series_fit_a_line_per_configuration_and_score_its_slope(tmp_path:
     assert json.loads(paths["json"].read_text())["depth_series"][0]["points"][3]["layers"] == 16
 
 
+def _with_other(run: RunError, other_share: float) -> RunError:
+    """`run` with a predicted breakdown that leaves `other_share` of its step to the host ("other")."""
+    run.breakdown_predicted_s = {"compute": run.predicted_step_s * (1 - other_share),
+                                 "other": run.predicted_step_s * other_share}
+    return run
+
+
 def test_the_held_out_runs_predicted_gpu_bound_are_scored_apart() -> None:
     """heldout_gpu_bound_*: the held-out runs whose own prediction leaves at most HOST_BOUND_SHARE of the step to the
     host (the breakdown's "other"); a replay (no "other") and a run without a prediction are not among them, and a
     threshold on them fails the check like any other."""
     from calib.project import HOST_BOUND_SHARE
 
-    def with_other(run: RunError, other_share: float) -> RunError:
-        run.breakdown_predicted_s = {"compute": run.predicted_step_s * (1 - other_share),
-                                     "other": run.predicted_step_s * other_share}
-        return run
-
-    runs = [with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), with_other(_run("b", HELDOUT, 1.0, 1.04), HOST_BOUND_SHARE),
-            with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), with_other(_run("a", REPLAY, 1.0, 1.3), 0.0),
+    runs = [_with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), _with_other(_run("b", HELDOUT, 1.0, 1.04), HOST_BOUND_SHARE),
+            _with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), _with_other(_run("a", REPLAY, 1.0, 1.3), 0.0),
             _run("d", HELDOUT, 1.0, None)]
     assert runs[0].host_share == pytest.approx(0.01) and runs[4].host_share is None
     assert _run("e", HELDOUT, 1.0, 1.0).host_share is None  # a breakdown without "other"
@@ -294,13 +296,8 @@ def test_the_replays_of_the_runs_predicted_gpu_bound_are_scored_apart() -> None:
     """replay_gpu_bound_*: the replays of the runs whose held-out prediction is GPU-bound, chosen by that prediction
     and not by the replay's own error; a replay of a host-bound run is not among them, one that could not be replayed
     counts as missing, and a threshold on them fails the check like any other."""
-    def with_other(run: RunError, other_share: float) -> RunError:
-        run.breakdown_predicted_s = {"compute": run.predicted_step_s * (1 - other_share),
-                                     "other": run.predicted_step_s * other_share}
-        return run
-
-    runs = [with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), with_other(_run("b", HELDOUT, 1.0, 1.04), 0.02),
-            with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), _run("a", REPLAY, 1.0, 1.01), _run("b", REPLAY, 1.0, None),
+    runs = [_with_other(_run("a", HELDOUT, 1.0, 1.02), 0.01), _with_other(_run("b", HELDOUT, 1.0, 1.04), 0.02),
+            _with_other(_run("c", HELDOUT, 1.0, 0.8), 0.4), _run("a", REPLAY, 1.0, 1.01), _run("b", REPLAY, 1.0, None),
             _run("c", REPLAY, 1.0, 1.5)]
     s = summarize(runs, real_bundles=3)
     assert s["replay_count"] == 2 and s["replay_max"] == pytest.approx(50.0)
