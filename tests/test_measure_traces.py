@@ -141,6 +141,27 @@ def test_compact_rewrites_a_bundles_tables_as_bundles_are_written_now(tmp_path: 
     assert bad.read_bytes() == b"PAR1 not really"
 
 
+def test_write_parquet_takes_each_columns_own_encoding_where_that_is_smallest(tmp_path: Path) -> None:
+    """A telemetry-like table (steady timestamps, a reading with four values, a counter): timestamps and counter
+    split by byte stream, the reading by dictionary, in one file smaller than any encoding of the whole table."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    from calib.bundle.io import _encoded_size, _encodings, _per_column, write_parquet
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"t_s": np.cumsum(rng.uniform(0.019, 0.021, 5000)),
+                          "power_w": rng.choice([300.5, 301.25, 450.0, 700.0], 5000),
+                          "energy_j": np.cumsum(rng.uniform(5, 15, 5000))})
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    assert _per_column(table) == {"use_dictionary": ["power_w"], "use_byte_stream_split": ["t_s", "energy_j"]}
+    write_parquet(frame, tmp_path / "t.parquet")
+    whole_table = [_encoded_size(table, enc) for enc in _encodings(table)[:-1]]
+    assert (tmp_path / "t.parquet").stat().st_size < min(whole_table)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), frame)
+
+
 def test_compact_rewrites_a_manifest_as_bundles_write_it_now(tmp_path: Path) -> None:
     """measure.compact on a manifest written indented, as bundles were until the forty-sixth session: the same object
     read back (a NaN field too), smaller, exactly as BundleWriter writes one now; compacted already, it is left as it

@@ -36,12 +36,34 @@ from calib.errors import CalibError
 T = TypeVar("T")
 
 PARTIAL = ".partial"
-# Bundle tables travel with every device call under a 64 MiB limit: zstd at its strongest, and of three
+# Bundle tables travel with every device call under a 64 MiB limit: zstd at its strongest, and of four
 # column encodings whichever is smallest for the table. Floats split by byte stream (telemetry's
 # timestamps and counters repeat their high bytes) suit some; the kernel tables' names and op classes
-# compress ~18 % smaller without dictionaries on their integers and floats; small tables smallest plain
-# (measure.compact recompresses older bundles).
+# compress ~18 % smaller without dictionaries on their integers and floats; small tables smallest plain;
+# and each column's own smallest beat all three by 4.7 % over the committed tables (1.54 of 32.7 MiB:
+# telemetry's timestamps split by byte stream beside its power readings plain). measure.compact
+# recompresses older bundles. zstd's level 22 saved 0.05 % more than 19.
 PARQUET_ZSTD_LEVEL = 19
+
+
+def _encoded_size(t: pa.Table, enc: dict) -> int:
+    buf = pa.BufferOutputStream()
+    pq.write_table(t, buf, compression="zstd", compression_level=PARQUET_ZSTD_LEVEL, **enc)
+    return buf.getvalue().size
+
+
+def _per_column(t: pa.Table) -> dict:
+    """Each column's smallest encoding of plain, dictionary and (floats) byte stream split, as one write's options."""
+    plain = {"use_dictionary": False, "use_byte_stream_split": False}
+    dictionary, split = [], []
+    for f in t.schema:
+        col = t.select([f.name])
+        options = {"plain": plain, "dictionary": {**plain, "use_dictionary": True}}
+        if pa.types.is_floating(f.type):
+            options["split"] = {**plain, "use_byte_stream_split": True}
+        best = min(options, key=lambda k: _encoded_size(col, options[k]))
+        (dictionary if best == "dictionary" else split if best == "split" else []).append(f.name)
+    return {"use_dictionary": dictionary or False, "use_byte_stream_split": split or False}
 
 
 def _encodings(t: pa.Table) -> list[dict]:
@@ -50,7 +72,8 @@ def _encodings(t: pa.Table) -> list[dict]:
     others = [n for n in t.column_names if n not in floats]
     return [{"use_dictionary": others or False, "use_byte_stream_split": floats or False},
             {"use_dictionary": strings or False, "use_byte_stream_split": False},
-            {"use_dictionary": False, "use_byte_stream_split": False}]
+            {"use_dictionary": False, "use_byte_stream_split": False},
+            _per_column(t)]
 
 
 def write_parquet(table: pd.DataFrame | pa.Table, path: str | os.PathLike) -> None:
