@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(argv: list[str]) -> int:
     from host_path_weights import training_bundles
 
-    from calib.models.host import collector_paused, prepare_run, run_paces
-    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, host_exposure
+    from calib.models.host import collector_paused, prepare_run
+    from calib.models.profiled_pace import MIN_HOST_EXPOSURE, config_exposures, host_exposure
     from calib.validation.measured import measured_own_launch_s
 
     gpu = argv[0] if argv else "h200"
@@ -32,7 +32,8 @@ def main(argv: list[str]) -> int:
     with collector_paused():
         runs = [prepare_run(b, cal.kernel_model(), cal) for b in bundles]  # type: ignore[attr-defined]
     zero = [r.step(0.0, 0.0, 0.0) for r in runs]
-    by_config = run_paces(bundles, runs).exposures  # as fit_host selects the line's runs
+    # as fit_host selects the line's runs (calib.models.host.run_paces), without fitting the line
+    by_config = config_exposures([r.key for r in runs], [r.measured_s for r in runs], zero)
     print(f"{'run':36s} {'own':>6s} {'config':>7s}  line (at least {MIN_HOST_EXPOSURE:.0%} by configuration)")
     for b, r, z, e in zip(bundles, runs, zero, by_config, strict=True):
         if b.id in timed:
