@@ -14,7 +14,9 @@ of 20 calls ~20 us per call, which it reaches as max(floor, kernel time)); and p
 smallest time. Then the training collectives by how much of their transfer ran beside compute
 kernels on the same rank (read from the bundle's ETs): their time over the model's, per band of
 that overlap; the same harness run again on another host (`X-rNN`), by size band. Last, the ASTRA-sim
-export's in-sample error per series.
+export's in-sample error per series. The held-out error is also split by where a size lies: a training transfer, a
+microbenchmark size that is a power of 2 (the grid of the fitted bundles), one between them (round 39's dense
+grids, traces/README.md, when given their bundles).
 """
 
 from __future__ import annotations
@@ -184,6 +186,13 @@ def main(argv: list[str]) -> int:
           f"fit_network reports {errors['network'].mape:.2f} %")
     print(big.groupby(["series", "source"])["err_pct"].agg(["mean", "max", "count"]).round(2).unstack("source").to_string())
     print(big.groupby("source")["err_pct"].agg(["mean", "count"]).round(2).to_string())
+    # Microbenchmarks timed between the powers of 2 (round 39's four sizes per doubling, traces/README.md) have
+    # neighbours 1.19x away: scored apart from the factor-of-2 grid every other bundle was timed on.
+    pow2 = np.isclose(np.log2(big["bytes"]) % 1, 0) | np.isclose(np.log2(big["bytes"]) % 1, 1)
+    grid = np.where(big["source"] == "trace", "training", np.where(pow2, "bench, powers of 2", "bench, between them"))
+    print(big.groupby(grid)["err_pct"].agg(["mean", "max", "count"]).round(2).to_string())
+    scored_before = grid != "bench, between them"
+    print(f"training and powers of 2 together: {big['err_pct'][scored_before].mean():.2f} % ({int(scored_before.sum())} points)")
     band = pd.cut(np.log2(big["bytes"]), [20, 22, 24, 26, 28, 30, 40], right=False,
                   labels=["1-4 MiB", "4-16 MiB", "16-64 MiB", "64-256 MiB", "256 MiB-1 GiB", ">= 1 GiB"])
     print(big.groupby([band, "source"], observed=True)["err_pct"].mean().round(2).unstack("source").to_string())

@@ -101,6 +101,8 @@ def collectives(
     kinds: str = typer.Option("all_reduce,all_gather,reduce_scatter,all_to_all,send_recv", "--kinds"),
     min_bytes: int = typer.Option(2**10, "--min-bytes"), max_bytes: int = typer.Option(2**30, "--max-bytes"),
     factor: int = typer.Option(4, "--factor", help="size step"),
+    per_doubling: int = typer.Option(0, "--per-doubling", help="sizes per doubling instead of --factor (0: by --factor)"),
+    align: int = typer.Option(1, "--align", help="with --per-doubling, round sizes to a multiple of this many bytes"),
     group_sizes: str = typer.Option("2,4,8", "--group-sizes"),
     warmup: int = typer.Option(5, "--warmup"), repeats: int = typer.Option(20, "--repeats"),
     iters: int = typer.Option(1, "--iters", help="back-to-back collectives per timed window (1: one call on an idle GPU, launch floor included, as the committed calibration data; 20: nccl-tests' way)"),
@@ -113,7 +115,7 @@ def collectives(
     from measure.env import visible_gpus
 
     n = gpus or len(visible_gpus())
-    sizes = default_sizes(min_bytes, max_bytes, factor)
+    sizes = default_sizes(min_bytes, max_bytes, factor, per_doubling, align)
     gs = _int_list(group_sizes, "--group-sizes")
     _summary(measure_collectives(out, n, device, sizes, [k.strip() for k in kinds.split(",") if k.strip()], gs,
                                  warmup, repeats, master_port, overwrite=overwrite, iters=iters, timing=timing))
