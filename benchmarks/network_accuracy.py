@@ -188,7 +188,8 @@ def main(argv: list[str]) -> int:
     print(big.groupby("source")["err_pct"].agg(["mean", "count"]).round(2).to_string())
     # Microbenchmarks timed between the powers of 2 (round 39's four sizes per doubling, traces/README.md) have
     # neighbours 1.19x away: scored apart from the factor-of-2 grid every other bundle was timed on.
-    pow2 = np.isclose(np.log2(big["bytes"]) % 1, 0) | np.isclose(np.log2(big["bytes"]) % 1, 1)
+    log2 = np.log2(big["bytes"])
+    pow2 = np.isclose(log2, np.round(log2))
     grid = np.where(big["source"] == "trace", "training", np.where(pow2, "bench, powers of 2", "bench, between them"))
     print(big.groupby(grid)["err_pct"].agg(["mean", "max", "count"]).round(2).to_string())
     scored_before = grid != "bench, between them"

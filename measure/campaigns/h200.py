@@ -478,10 +478,14 @@ def collectives_job(rid: str, gpus: int, out: Path, *flags: str, est_s: float, t
     return Job(rid, gpus, ["collectives", "-o", str(out / rid), *flags], est_s=est_s, timeout_s=timeout_s)
 
 
+# Each of 50 back-to-back calls timed by its NCCL kernel under the CUDA profiler (measure/collectives.py).
+KERNEL_TIMED = ("--timing", "kernel", "--repeats", "50")
+
+
 def timed_collectives(rid: str, gpus: int, out: Path, group_sizes: str, how: str, est_s: float = 90) -> Job:
     """The collectives by factors of 2 at `group_sizes`, each call timed by its NCCL kernel (`how` "kernel",
     50 calls) or as nccl-tests' loop of 20 back-to-back calls per event pair ("loop")."""
-    timing = ("--timing", "kernel", "--repeats", "50") if how == "kernel" else ("--iters", "20")
+    timing = KERNEL_TIMED if how == "kernel" else ("--iters", "20")
     return collectives_job(rid, gpus, out, "--factor", "2", "--group-sizes", group_sizes, *timing, est_s=est_s,
                            timeout_s=300)
 
@@ -490,8 +494,7 @@ def dense_collectives(rid: str, gpus: int, out: Path, group_sizes: str, align: i
     """The collectives at four sizes per doubling from 256 KiB to 1 GiB at `group_sizes`, rounded to multiples of
     `align` bytes, each call timed by its NCCL kernel (50 calls)."""
     return collectives_job(rid, gpus, out, "--per-doubling", "4", "--align", str(align), "--min-bytes", str(2**18),
-                           "--group-sizes", group_sizes, "--timing", "kernel", "--repeats", "50", est_s=est_s,
-                           timeout_s=300)
+                           "--group-sizes", group_sizes, *KERNEL_TIMED, est_s=est_s, timeout_s=300)
 
 
 def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout: float, total_gpus: int = 8) -> list[Job]:
