@@ -15,8 +15,8 @@ smallest time. Then the training collectives by how much of their transfer ran b
 kernels on the same rank (read from the bundle's ETs): their time over the model's, per band of
 that overlap; the same harness run again on another host (`X-rNN`), by size band. Last, the ASTRA-sim
 export's in-sample error per series. The held-out error is also split by where a size lies: a training transfer, a
-microbenchmark size that is a power of 2 (the grid of the fitted bundles), one between them (round 39's dense
-grids, traces/README.md, when given their bundles).
+microbenchmark size that is a power of 2 (the grid of every collectives bundle before round 39), one between them
+(rounds 39 and 40's dense grids, traces/README.md).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ def main(argv: list[str]) -> int:
     for folder in argv or [str(ROOT / "traces" / "h200"), str(ROOT / "traces" / "h100")]:
         micro, train = collective_points(select_bundles(load_bundles([folder]), FitOptions()))
         for segments in range(4):
-            def fit(cls, domain, kind, n, nbytes, t, max_segments=0, bench=None, loop=None, _s=segments):  # noqa: ANN001, ANN202
-                return original(cls, domain, kind, n, nbytes, t, _s, bench, loop)
+            def fit(cls, domain, kind, n, nbytes, t, max_segments=0, bench=None, loop=None, micro=None,  # noqa: ANN001, ANN202
+                    _s=segments):
+                return original(cls, domain, kind, n, nbytes, t, _s, bench, loop, micro)
 
             network.Series.fit = classmethod(fit)  # type: ignore[method-assign, assignment]
             try:

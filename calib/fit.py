@@ -524,7 +524,8 @@ def network_fold_predictions(fits: dict[tuple[str, str, int], pd.DataFrame], mod
             tr = g[~test]
             try:
                 ser = Series.fit(dom, kind, n, tr["bytes"].to_numpy(float), tr["time_s"].to_numpy(float),
-                                 bench=tr["events"].to_numpy(bool), loop=tr["loop"].to_numpy(bool))
+                                 bench=tr["events"].to_numpy(bool), loop=tr["loop"].to_numpy(bool),
+                                 micro=tr["bench"].to_numpy(bool))
             except CalibError:
                 continue
             te = g[test]
@@ -550,7 +551,7 @@ def fit_network(micro: pd.DataFrame, train: pd.DataFrame, gpus_per_node: int, op
         try:
             model.series[model.key(dom, kind, n)] = Series.fit(
                 dom, kind, n, g["bytes"].to_numpy(float), g["time_s"].to_numpy(float), bench=g["events"].to_numpy(bool),
-                loop=g["loop"].to_numpy(bool))
+                loop=g["loop"].to_numpy(bool), micro=g["bench"].to_numpy(bool))
             fits[(dom, kind, n)] = g
         except CalibError:
             skipped.append(f"{dom}/{kind}/{n} ({g['bytes'].nunique()} size(s))")

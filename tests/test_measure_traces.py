@@ -148,7 +148,7 @@ def test_write_parquet_takes_each_columns_own_encoding_where_that_is_smallest(tm
     import pandas as pd
     import pyarrow as pa
 
-    from calib.bundle.io import _encoded_size, _encodings, _per_column, write_parquet
+    from calib.bundle.io import _encoded, _encodings, _per_column, write_parquet
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"t_s": np.cumsum(rng.uniform(0.019, 0.021, 5000)),
@@ -157,7 +157,7 @@ def test_write_parquet_takes_each_columns_own_encoding_where_that_is_smallest(tm
     table = pa.Table.from_pandas(frame, preserve_index=False)
     assert _per_column(table) == {"use_dictionary": ["power_w"], "use_byte_stream_split": ["t_s", "energy_j"]}
     write_parquet(frame, tmp_path / "t.parquet")
-    whole_table = [_encoded_size(table, enc) for enc in _encodings(table)[:-1]]
+    whole_table = [len(_encoded(table, enc)) for enc in _encodings(table)[:-1]]
     assert (tmp_path / "t.parquet").stat().st_size < min(whole_table)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), frame)
 

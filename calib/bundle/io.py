@@ -46,10 +46,11 @@ PARTIAL = ".partial"
 PARQUET_ZSTD_LEVEL = 19
 
 
-def _encoded_size(t: pa.Table, enc: dict) -> int:
+def _encoded(t: pa.Table, enc: dict) -> bytes:
+    """`t` as a bundle table's bytes with the column encodings `enc` (write_table's options)."""
     buf = pa.BufferOutputStream()
     pq.write_table(t, buf, compression="zstd", compression_level=PARQUET_ZSTD_LEVEL, **enc)
-    return buf.getvalue().size
+    return buf.getvalue().to_pybytes()
 
 
 def _per_column(t: pa.Table) -> dict:
@@ -61,7 +62,7 @@ def _per_column(t: pa.Table) -> dict:
         options = {"plain": plain, "dictionary": {**plain, "use_dictionary": True}}
         if pa.types.is_floating(f.type):
             options["split"] = {**plain, "use_byte_stream_split": True}
-        best = min(options, key=lambda k: _encoded_size(col, options[k]))
+        best = min(options, key=lambda k: len(_encoded(col, options[k])))
         (dictionary if best == "dictionary" else split if best == "split" else []).append(f.name)
     return {"use_dictionary": dictionary or False, "use_byte_stream_split": split or False}
 
@@ -80,14 +81,7 @@ def write_parquet(table: pd.DataFrame | pa.Table, path: str | os.PathLike) -> No
     """Write one bundle table as every bundle table is written (the one place that says how): the
     smallest of `_encodings`, the same values whichever."""
     t = pa.Table.from_pandas(table, preserve_index=False) if isinstance(table, pd.DataFrame) else table
-    best = b""
-    for enc in _encodings(t):
-        buf = pa.BufferOutputStream()
-        pq.write_table(t, buf, compression="zstd", compression_level=PARQUET_ZSTD_LEVEL, **enc)
-        data = buf.getvalue().to_pybytes()
-        if not best or len(data) < len(best):
-            best = data
-    Path(path).write_bytes(best)
+    Path(path).write_bytes(min((_encoded(t, enc) for enc in _encodings(t)), key=len))
 
 
 def manifest_text(data: dict) -> str:

@@ -17,7 +17,10 @@ Simple protocol ranges. The three coefficients are non-negative and fitted by le
 relative error (iteratively reweighted non-negative least squares), the loss the headline MAPE
 scores; beyond the largest measured size the time stays affine with the fitted bandwidth.
 Calibration files written before this form (no `pipeline_s_per_sqrt_byte`) load with c = 0 and
-their stored log-size residual, so they predict exactly as before. A group size that was not
+their stored log-size residual, so they predict exactly as before. Where sizes were measured densely
+(four per doubling), the curve's measured bends (NCCL's protocol switches, Bends) ride on the smooth
+form; a series measured at factors of 2 bends only where training sizes fill a gap between two of its sizes.
+A group size that was not
 measured borrows the nearest measured size's series with busbw held constant (the premise of
 nccl-tests' bus bandwidth).
 
@@ -46,7 +49,93 @@ ASTRA_IMPLS = ("ring", "direct")
 DEFAULT_ENDPOINT_DELAY_NS = 10.0  # ASTRA-sim's default; groups smaller than the cluster always use 10 ns
 SWITCH_HOPS = 2  # ASTRA-sim counts a Switch dimension as two hops (reference/astra-sim.md)
 MIN_SERIES_POINTS = 3
-FORM_VERSION = 2  # 1: no pipeline term (files before it lack form_version); 2: + c*sqrt(x)
+FORM_VERSION = 3  # 1: no pipeline term (files before it lack form_version); 2: + c*sqrt(x); 3: + bends
+# Bends are read between measured sizes at most this factor apart: a grid of factors of 2 is too coarse (its
+# sizes left out one at a time were predicted worse from their neighbours, 7.2 %, than by the smooth form, 6.6 %),
+# four sizes per doubling with one in five left out leaves gaps of 2^(1/2) (traces/README.md, round 39).
+BEND_MAX_GAP = 1.5
+
+
+@dataclass
+class Bends:
+    """The measured curve's departures from the smooth form, where sizes were measured densely.
+
+    NCCL switches protocol and algorithm at sizes (a 2 x H200 host: all-reduce 15.9 -> 24.7 us from 1.41 to
+    1.68 MiB, all-gather 14.9 -> 20.6 us from 2.0 to 2.38 MiB) that no smooth curve in size follows. Knots are
+    the kernel-timed sizes (log10 bytes) with the log ratio of their median measured time, made non-decreasing
+    in size, to the smooth time there; the ratio is interpolated in log size between knots at most
+    `BEND_MAX_GAP` apart and falls to 0 over one such factor beyond the ends of a dense run. A knot with no
+    neighbour that close bends nothing: a series measured at factors of 2 bends only where training sizes
+    bridge a gap between two microbenchmark sizes."""
+
+    knots: list[float] = field(default_factory=list)
+    log_ratio: list[float] = field(default_factory=list)
+
+    @classmethod
+    def fit(cls, nbytes: np.ndarray, log_t: np.ndarray, log_smooth: np.ndarray, micro: np.ndarray,
+            monotone: bool = True) -> Bends:
+        """Knots at the sizes of `nbytes` (kernel-timed points, log times `log_t`, the smooth form's `log_smooth`;
+        `micro`: a microbenchmark's). Only dense runs with two or more microbenchmark sizes are kept: a training
+        collective's time moves with what the step overlaps it with (and an MoE all-to-all's with the tokens'
+        split), so a cluster of training sizes alone does not show a bend of the curve. The knots' median times are
+        made non-decreasing in size (isotonic least squares) before they become ratios: where a cluster of training
+        sizes ran slower than the microbenchmark just above them (2 x H200: all-to-alls of 8.4-9.5 MiB took
+        26-28 us in MoE steps, one of 9.5 MiB 22 us alone), the two pool instead of the faster one setting both
+        (`monotone` False: the medians as they are, benchmarks/network_bends.py)."""
+        from sklearn.isotonic import IsotonicRegression
+
+        x = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        sizes = np.unique(x)
+        med = np.array([float(np.median(log_t[x == v])) for v in sizes])
+        smooth = np.array([float(np.median(log_smooth[x == v])) for v in sizes])
+        anchor = np.array([bool(np.asarray(micro)[x == v].any()) for v in sizes])
+        keep = np.zeros(len(sizes), dtype=bool)
+        for i, j in _dense_runs(sizes):
+            if anchor[i:j + 1].sum() >= 2:
+                keep[i:j + 1] = True
+        if monotone and keep.sum() >= 2:
+            med[keep] = IsotonicRegression().fit_transform(sizes[keep], med[keep])
+        return cls([float(v) for v in sizes[keep]], [float(v) for v in (med - smooth)[keep]])
+
+    def profile(self) -> tuple[np.ndarray, np.ndarray]:
+        """(log10 bytes, log ratio) of the piecewise-linear bend: each dense run's knots, and a zero one gap beyond
+        either end (or halfway to the next run where that is closer); empty where nothing bends."""
+        k, r = np.asarray(self.knots, dtype=float), np.asarray(self.log_ratio, dtype=float)
+        gap = np.log10(BEND_MAX_GAP)
+        runs = _dense_runs(k) if len(k) >= 2 else []
+        xs: list[float] = []
+        ys: list[float] = []
+        for n, (i, j) in enumerate(runs):
+            lo = k[i] - gap if n == 0 else max(k[i] - gap, (k[runs[n - 1][1]] + k[i]) / 2)
+            hi = k[j] + gap if n == len(runs) - 1 else min(k[j] + gap, (k[j] + k[runs[n + 1][0]]) / 2)
+            xs += [lo, *k[i:j + 1], hi]
+            ys += [0.0, *r[i:j + 1], 0.0]
+        return np.asarray(xs), np.asarray(ys)
+
+    def __call__(self, log10_bytes: np.ndarray) -> np.ndarray:
+        x = np.asarray(log10_bytes, dtype=float)
+        xs, ys = self.profile()
+        return np.interp(x, xs, ys, left=0.0, right=0.0) if len(xs) else np.zeros_like(x)
+
+    def to_dict(self) -> dict:
+        return {"knots_log10_bytes": [float(v) for v in self.knots], "log_ratio": [float(v) for v in self.log_ratio]}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Bends:
+        d = d or {}
+        return cls([float(v) for v in d.get("knots_log10_bytes", [])], [float(v) for v in d.get("log_ratio", [])])
+
+
+def _dense_runs(knots: np.ndarray) -> list[tuple[int, int]]:
+    """Index ranges [i, j] of sorted log10 sizes whose neighbours are at most BEND_MAX_GAP apart."""
+    dense = np.diff(knots) <= np.log10(BEND_MAX_GAP) + 1e-12
+    runs: list[tuple[int, int]] = []
+    for i, d in enumerate(dense):
+        if d and runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        elif d:
+            runs.append((i, i + 1))
+    return runs
 
 
 def normalize_kind(kind: str) -> str:
@@ -107,6 +196,7 @@ class Series:
     pipeline_s_per_sqrt_byte: float = 0.0
     alpha_loop_s: float = float("nan")
     loop_gap_s: float = 0.0
+    bends: Bends = field(default_factory=Bends)
 
     def predict(self, nbytes: np.ndarray, group_size: int | None = None, bench: bool = False,
                 alpha_s: float | None = None, loop: bool = False) -> np.ndarray:
@@ -116,16 +206,40 @@ class Series:
         s = np.asarray(nbytes, dtype=float)
         if loop and np.isfinite(self.alpha_loop_s):
             return np.maximum(self.alpha_loop_s, self.predict(s, group_size, alpha_s=alpha_s) + self.loop_gap_s)
-        alpha = self.alpha_bench_s if bench or loop else (self.alpha_s if alpha_s is None else alpha_s)
+        alpha_k = self.alpha_s if alpha_s is None else alpha_s
+        alpha = self.alpha_bench_s if bench or loop else alpha_k
+        if n == self.group_size and self.bends.knots:  # a borrowed series keeps the smooth form: bends are their group's
+            # An event-timed call: the kernel's time, bent, on its launch floor.
+            return self._bent(s, alpha_k) + (alpha - alpha_k) * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
+        return self._smooth(s, n, alpha)
+
+    def _smooth(self, s: np.ndarray, n: int, alpha: float) -> np.ndarray:
         x = s * bus_factor(self.kind, n)
-        base = alpha + self.pipeline_s_per_sqrt_byte * np.sqrt(x) + x / self.busbw_bytes_per_s
-        return base * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
+        transfer = self.pipeline_s_per_sqrt_byte * np.sqrt(x) + x / self.busbw_bytes_per_s
+        return (alpha + transfer) * np.exp(self.residual(np.log10(np.maximum(s, 1.0))))
+
+    def _bent(self, s: np.ndarray, alpha: float) -> np.ndarray:
+        """The kernel time with the bends, never less than at a smaller size: sizes that took one of two times
+        (send/recv, all-to-all at 8-16 MiB) and the ends of a dense run can bend a larger message under a smaller
+        one, so each size takes at most the least time of the profile's points above it (between two of them a
+        bent curve can still dip, by under 0.05 % where knots were pooled to one time)."""
+        t = self._smooth(s, self.group_size, alpha) * np.exp(self.bends(np.log10(np.maximum(s, 1.0))))
+        px, _ = self.bends.profile()
+        at = 10.0 ** px
+        tp = self._smooth(at, self.group_size, alpha) * np.exp(self.bends(px))
+        least_above = np.minimum.accumulate(tp[::-1])[::-1]
+        j = np.searchsorted(at, s, side="left")
+        inside = j < len(at)
+        t[inside] = np.minimum(t[inside], least_above[j[inside]])
+        return t
 
     @classmethod
     def fit(cls, domain: str, kind: str, n: int, nbytes: np.ndarray, t: np.ndarray, max_segments: int = 0,
-            bench: np.ndarray | None = None, loop: np.ndarray | None = None) -> Series:
+            bench: np.ndarray | None = None, loop: np.ndarray | None = None, micro: np.ndarray | None = None
+            ) -> Series:
         """Fit the module's form; `bench` marks points timed by CUDA events (their own latency), `loop`
-        those of them timed over a loop of calls (max(alpha_loop_s, kernel time + loop_gap_s), see the class doc).
+        those of them timed over a loop of calls (max(alpha_loop_s, kernel time + loop_gap_s), see the class doc),
+        `micro` those from microbenchmarks rather than training steps (None: all; Bends.fit).
 
         max_segments > 0 adds a clamped piecewise-linear residual in log size on top (least
         squares in log time); 5-fold cross-validation on the H200 collectives found it hurts
@@ -134,8 +248,9 @@ class Series:
         t = np.asarray(t, dtype=float)
         b = np.zeros(len(s), dtype=bool) if bench is None else np.asarray(bench, dtype=bool)
         lp = np.zeros(len(s), dtype=bool) if loop is None else np.asarray(loop, dtype=bool)
+        mb = np.ones(len(s), dtype=bool) if micro is None else np.asarray(micro, dtype=bool)
         if lp.any() and len(np.unique(s[~lp])) >= MIN_SERIES_POINTS and np.all(np.isfinite(t)) and np.all(t > 0):
-            ser = cls.fit(domain, kind, n, s[~lp], t[~lp], max_segments, b[~lp])
+            ser = cls.fit(domain, kind, n, s[~lp], t[~lp], max_segments, b[~lp], micro=mb[~lp])
             kernel = ser.predict(s[lp])
             if np.all(np.isfinite(kernel)):  # a kernel curve needs a kernel-timed latency (alpha_s)
                 ser.alpha_loop_s, ser.loop_gap_s = _loop_floor(kernel, t[lp])
@@ -157,8 +272,11 @@ class Series:
             resid = ClampedPiecewise.fit(np.log10(np.maximum(s, 1.0)), np.log(t) - np.log(base), max_segments=segs)
         # The in-training latency counts as measured only when kernel-timed points include
         # latency-bound sizes (<= 1 MiB); otherwise it comes from the event-timed ones (see class doc).
-        return cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
-                   alpha_b, bool((~b & (s <= MIB)).any()), c)
+        ser = cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
+                  alpha_b, bool((~b & (s <= MIB)).any()), c)
+        if (~b).any():  # kernel-timed points, microbenchmark and training alike
+            ser.bends = Bends.fit(s[~b], np.log(t[~b]), np.log(ser.predict(s[~b])), mb[~b])
+        return ser
 
     def to_dict(self) -> dict:
         return {
@@ -169,6 +287,7 @@ class Series:
             "pipeline_s_per_sqrt_byte": self.pipeline_s_per_sqrt_byte,
             "residual": self.residual.to_dict(), "count": self.count,
             "bytes_range": [float(self.bytes_range[0]), float(self.bytes_range[1])],
+            "bends": self.bends.to_dict(),
         }
 
     @classmethod
@@ -178,7 +297,7 @@ class Series:
                    (float(d["bytes_range"][0]), float(d["bytes_range"][1])),
                    float(d.get("alpha_bench_s", d["alpha_s"])), bool(d.get("has_trace", True)),
                    float(d.get("pipeline_s_per_sqrt_byte", 0.0)), float(d.get("alpha_loop_s", float("nan"))),
-                   float(d.get("loop_gap_s", 0.0)))
+                   float(d.get("loop_gap_s", 0.0)), Bends.from_dict(d.get("bends")))
 
 
 def _loop_floor(kernel: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -439,8 +558,10 @@ class CollectiveModel:
     def to_dict(self) -> dict:
         return {
             "form": "(alpha + pipeline_s_per_sqrt_byte * sqrt(x) + x / busbw) * exp(clamped piecewise residual in log10 "
-                    "bytes), x = bytes * bus_factor; alpha from NCCL kernel durations (profiled training collectives, "
-                    "kernel-timed microbenchmarks), alpha_bench from event-timed microbenchmarks (launch floor included)",
+                    "bytes) * exp(bends), x = bytes * bus_factor; alpha from NCCL kernel durations (profiled training "
+                    "collectives, kernel-timed microbenchmarks), alpha_bench from event-timed microbenchmarks (launch "
+                    "floor included); bends: the log ratio of the kernel-timed sizes' median times, made non-decreasing "
+                    f"in size, to the rest, interpolated in log size between sizes at most {BEND_MAX_GAP}x apart (Bends)",
             "form_version": FORM_VERSION,
             "size_convention": "nccl-tests (all-gather: total output; reduce-scatter: total input)",
             "gpus_per_node": self.gpus_per_node,

@@ -198,9 +198,11 @@ def config_floor(runs: list[RunError]) -> dict[str, list[float]]:
     return out
 
 
-def _kind_summary(key: str, scored: list[RunError], missing: list[str]) -> dict:
-    """One kind's entries of the summary, `<key>_*`: the mean and max absolute error of the `scored` runs, how many
-    runs and configurations they are, and the runs `missing` a figure."""
+def _kind_summary(key: str, runs: list[RunError]) -> dict:
+    """One kind's entries of the summary, `<key>_*`: the mean and max absolute error of those of `runs` with a
+    figure, how many runs and configurations they are, and the runs missing one."""
+    scored = [r for r in runs if r.error_pct is not None]
+    missing = [r.run for r in runs if r.error_pct is None]
     mape, mx = error_stats([r.error_pct for r in scored])
     return {f"{key}_mape": mape, f"{key}_max": mx, f"{key}_count": len(scored),
             f"{key}_configs": len({r.config for r in scored}), f"{key}_missing": len(missing),
@@ -218,16 +220,13 @@ def summarize(runs: list[RunError], real_bundles: int) -> dict:
 
     out: dict = {"units": "percent of the measured step time", "real_bundles": real_bundles}
     for key, kind in SUMMARY_KEYS:
-        out.update(_kind_summary(key, [r for r in runs if r.kind == kind and r.error_pct is not None],
-                                 [r.run for r in runs if r.kind == kind and r.error_pct is None]))
+        out.update(_kind_summary(key, [r for r in runs if r.kind == kind]))
     gpu_bound = [r for r in runs if r.kind == HELDOUT and r.error_pct is not None and r.host_share is not None
                  and r.host_share <= HOST_BOUND_SHARE]
-    out.update(_kind_summary(GPU_BOUND_KEY, gpu_bound, []))
+    out.update(_kind_summary(GPU_BOUND_KEY, gpu_bound))
     out[f"{GPU_BOUND_KEY}_share"] = HOST_BOUND_SHARE
     bound_runs = {r.run for r in gpu_bound}
-    out.update(_kind_summary(REPLAY_GPU_BOUND_KEY, [r for r in runs if r.kind == REPLAY and r.run in bound_runs
-                                                    and r.error_pct is not None],
-                             [r.run for r in runs if r.kind == REPLAY and r.run in bound_runs and r.error_pct is None]))
+    out.update(_kind_summary(REPLAY_GPU_BOUND_KEY, [r for r in runs if r.kind == REPLAY and r.run in bound_runs]))
     floor = config_floor(runs)
     out["config_floor_mape"], out["config_floor_max"] = error_stats([e for errs in floor.values() for e in errs])
     out["config_floor_count"] = sum(len(errs) for errs in floor.values())

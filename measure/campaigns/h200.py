@@ -454,6 +454,13 @@ ROUND37 = ["llama70b-tp4-sp", "llama70b-tp2pp2-sp", "llama8b-tp2dp2-distopt"]
 ROUND39 = ["collectives-2gpu-dense", "collectives-2gpu-dense-b"]
 ROUND39_ALIGNED = {"collectives-2gpu-dense-a4k": 4096, "collectives-2gpu-dense-a4k-b": 4096,
                    "collectives-2gpu-dense-a64k": 65536}
+# Round 40 (forty-ninth session, another 2 x H200 lease): round 39's 4 KiB grid twice more, to tell whether the bends
+# the network model takes from one host (calib.models.network.Bends) hold on another.
+ROUND40 = {"collectives-2gpu-dense-a4k-c": 4096, "collectives-2gpu-dense-a4k-d": 4096}
+# Round 41 (planned for 4 x H200): the same grid for groups of 4, whose series are measured by factors of 2 only (the
+# H200's 4-GPU microbenchmarks are its worst held-out sizes: 3.8-8.1 % against 2.2-5.2 % for groups of 2). On 2 x H100,
+# round 39's `collectives-2gpu-dense-a4k` and `-a4k-b` do the same for the H100's 2-GPU series.
+ROUND41_X4 = ["collectives-4gpu-dense-a4k", "collectives-4gpu-dense-a4k-b"]
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -571,7 +578,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [t(r) for r in ROUND36]
     jobs += [t(r) for r in ROUND37]
     jobs += [dense_collectives(r, 2, out, "2") for r in ROUND39]
-    jobs += [dense_collectives(r, 2, out, "2", align) for r, align in ROUND39_ALIGNED.items()]
+    jobs += [dense_collectives(r, 2, out, "2", align) for r, align in (ROUND39_ALIGNED | ROUND40).items()]
+    jobs += [dense_collectives(r, 4, out, "4", 4096) for r in ROUND41_X4]
     return jobs
 
 

@@ -22,14 +22,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from calib.bundle.schema import TELEMETRY_COLUMNS, TELEMETRY_REQUIRED
 from calib.errors import CalibError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# pandas and calib.bundle (which loads pyarrow) are imported where they are used: the host-pace
-# sampler's child process (host_pace.py) starts through this package, and on a cold disk those
-# imports alone took 8 s, the first seconds of a run it should have sampled.
+# pandas is imported where it is used: the host-pace sampler's child process (host_pace.py) starts
+# through this package, and on a cold disk pandas and pyarrow alone took 8 s, the first seconds of a
+# run it should have sampled (calib.bundle loads its reader, and with it pyarrow, on first use).
 
 
 class TelemetryBackend(Protocol):
@@ -48,8 +49,6 @@ class TelemetryBackend(Protocol):
 
 def check_sample(row: dict, where: str) -> None:
     """A required reading that is NaN or missing is an error naming the GPU and the reading."""
-    from calib.bundle.schema import TELEMETRY_REQUIRED
-
     for col in TELEMETRY_REQUIRED:
         value = row.get(col)
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -129,8 +128,6 @@ class Sampler:
 
     def tiers(self) -> dict[str, tuple[str, ...]]:
         """Tier name -> the columns it reads."""
-        from calib.bundle.schema import TELEMETRY_COLUMNS
-
         readings = tuple(c for c in TELEMETRY_COLUMNS if c not in ("gpu", "t_s"))
         if not self.tiered:
             return {FAST_TIER: readings}
@@ -246,8 +243,6 @@ class Sampler:
     def frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        from calib.bundle.schema import TELEMETRY_COLUMNS
-
         with self._lock:
             rows = list(self.rows)
             links = {g: dict(v) for g, v in self._links.items()}
@@ -266,7 +261,5 @@ def column_rates_hz(df: pd.DataFrame, span_s: float) -> dict[int, dict[str, floa
     """Non-NaN samples per second of every reading column, per GPU, over `span_s` seconds."""
     if span_s <= 0:
         raise CalibError(f"telemetry: column rates need a positive span, got {span_s} s")
-    from calib.bundle.schema import TELEMETRY_COLUMNS
-
     cols = [c for c in TELEMETRY_COLUMNS if c not in ("gpu", "t_s")]
     return {int(g): {c: float(sub[c].notna().sum()) / span_s for c in cols} for g, sub in df.groupby("gpu")}

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from calib.bundle.schema import HOST_PACE_COLUMNS
 from calib.errors import CalibError
 
 if TYPE_CHECKING:
@@ -69,10 +70,8 @@ def sample_forever(log: Path, gap_s: float = PACE_GAP_S, iterations: int = PACE_
 def read_log(text: str, t0: float) -> pd.DataFrame:
     """HOST_PACE_COLUMNS from a sampler log; a line cut short by the kill is dropped, not misread."""
     # Imported here, not above: this module is the sampler's child process, which must start at once
-    # (pandas and calib.bundle alone took 8 s on a cold disk; measure/telemetry/__init__.py).
+    # (pandas and pyarrow alone took 8 s on a cold disk; measure/telemetry/__init__.py).
     import pandas as pd
-
-    from calib.bundle.schema import HOST_PACE_COLUMNS
 
     rows = []
     for line in text.split("\n")[:-1]:  # the last piece is "" or a line the kill cut short
