@@ -457,9 +457,10 @@ ROUND39_ALIGNED = {"collectives-2gpu-dense-a4k": 4096, "collectives-2gpu-dense-a
 # Round 40 (forty-ninth session, another 2 x H200 lease): round 39's 4 KiB grid twice more, to tell whether the bends
 # the network model takes from one host (calib.models.network.Bends) hold on another.
 ROUND40 = {"collectives-2gpu-dense-a4k-c": 4096, "collectives-2gpu-dense-a4k-d": 4096}
-# Round 41 (planned for 4 x H200): the same grid for groups of 4, whose series are measured by factors of 2 only (the
-# H200's 4-GPU microbenchmarks are its worst held-out sizes: 3.8-8.1 % against 2.2-5.2 % for groups of 2). On 2 x H100,
-# round 39's `collectives-2gpu-dense-a4k` and `-a4k-b` do the same for the H100's 2-GPU series.
+# Round 41 (forty-ninth session, 4 x H200): the same grid for groups of 4, whose series were measured by factors of 2
+# only (the H200's 4-GPU microbenchmarks were its worst held-out sizes: 3.8-8.1 % against 2.2-5.2 % for groups of 2;
+# traces/README.md, round 41). On 2 x H100, round 39's `collectives-2gpu-dense-a4k` and `-a4k-b` would do the same for
+# the H100's 2-GPU series.
 ROUND41_X4 = ["collectives-4gpu-dense-a4k", "collectives-4gpu-dense-a4k-b"]
 
 SMOKE: list[tuple] = [
