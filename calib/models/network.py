@@ -112,9 +112,10 @@ class Bends:
             ys += [0.0, *r[i:j + 1], 0.0]
         return np.asarray(xs), np.asarray(ys)
 
-    def __call__(self, log10_bytes: np.ndarray) -> np.ndarray:
+    def __call__(self, log10_bytes: np.ndarray, profile: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The log ratio at `log10_bytes`; `profile`: this object's `profile()` where the caller has it already."""
         x = np.asarray(log10_bytes, dtype=float)
-        xs, ys = self.profile()
+        xs, ys = self.profile() if profile is None else profile
         return np.interp(x, xs, ys, left=0.0, right=0.0) if len(xs) else np.zeros_like(x)
 
     def to_dict(self) -> dict:
@@ -223,10 +224,11 @@ class Series:
         (send/recv, all-to-all at 8-16 MiB) and the ends of a dense run can bend a larger message under a smaller
         one, so each size takes at most the least time of the profile's points above it (between two of them a
         bent curve can still dip, by under 0.05 % where knots were pooled to one time)."""
-        t = self._smooth(s, self.group_size, alpha) * np.exp(self.bends(np.log10(np.maximum(s, 1.0))))
-        px, _ = self.bends.profile()
+        prof = self.bends.profile()
+        t = self._smooth(s, self.group_size, alpha) * np.exp(self.bends(np.log10(np.maximum(s, 1.0)), prof))
+        px = prof[0]
         at = 10.0 ** px
-        tp = self._smooth(at, self.group_size, alpha) * np.exp(self.bends(px))
+        tp = self._smooth(at, self.group_size, alpha) * np.exp(self.bends(px, prof))
         least_above = np.minimum.accumulate(tp[::-1])[::-1]
         j = np.searchsorted(at, s, side="left")
         inside = j < len(at)
