@@ -1,6 +1,7 @@
 """Host time per launch by phase, from measure.probes.host_phases' results (docs/host.md, fifteenth session).
 
     python benchmarks/host_phases.py [RESULT_DIR ...]   (default: traces/*/_probes/host-phases-*)
+    python benchmarks/host_phases.py RESULT_DIR --summary-out RESULT_DIR/summary.json.xz
 
 Per probed configuration (one or two GPUs; rank 0's host): the median over the timed steps of the host's time in all
 micro-batches' forwards and backwards (megatron-core's schedule functions, host timestamps, no device
@@ -15,6 +16,7 @@ step's), medians over the steps.
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +24,9 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
+# A round committed as its summary (written by --summary-out): xz, as the tree travels with every device call under
+# 64 MiB (tests/test_tree_size.py); the fiftieth session compressed the committed ones, 235 -> 39 kB.
+SUMMARY = "summary.json.xz"
 
 
 def load(path: Path) -> dict:
@@ -32,9 +37,9 @@ def load(path: Path) -> dict:
 
 def load_round(d: Path) -> tuple[list[dict], dict | None]:
     """A probe round's results, and where none are committed its summary's runs (`summary`; None without one)."""
-    runs = [load(f) for f in sorted(d.glob("*.json*")) if f.name != "summary.json"]
-    if not runs and (d / "summary.json").is_file():  # a round committed as its summary only
-        return [], json.loads((d / "summary.json").read_text())["runs"]
+    runs = [load(f) for f in sorted(d.glob("*.json*")) if not f.name.startswith("summary.json")]
+    if not runs and (d / SUMMARY).is_file():  # a round committed as its summary only
+        return [], load(d / SUMMARY)["runs"]
     return runs, None
 
 
@@ -197,7 +202,7 @@ def main(argv: list[str]) -> int:
                 _print_gpu(r["name"], float(pd.Series(r["gpu_stamped_step_s"]).median()) * 1e3,
                            float(pd.Series(r["plain_step_s"]).median()) * 1e3, gpu_idle(r))
         if out is not None:
-            out.write_text(json.dumps(summary(runs), indent=1))
+            out.write_bytes(lzma.compress(json.dumps(summary(runs), indent=1).encode(), preset=9 | lzma.PRESET_EXTREME))
     return 0
 
 

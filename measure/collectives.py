@@ -16,8 +16,18 @@ barrier, `repeats` back-to-back collectives run under the CUDA profiler (Kineto)
 timed by its NCCL kernel's duration, as the collectives inside profiled training steps are
 (calib.convert.run). Per call, time_s is the longest member's kernel and transfer_s the shortest
 (the last member to launch waits least), the medians over calls go to the table. No launch floor:
-these points share the training collectives' latency. The manifest's notes.timing_method says
-which of the three ways a bundle was timed ("events-one-call", "events-loop", "kernel").
+these points share the training collectives' latency.
+
+`timing="kernel-isolated"` (CUDA only) times each call as a training step meets it, alone on an idle GPU: per
+call a device sync, then one collective, the members meeting no barrier (they arrive within their hosts'
+jitter, as a step's ranks do; a CPU barrier per call made 441 points outlast a 300 s call); `repeats` calls
+under the CUDA profiler. transfer_s is the training steps' split (calib.convert.run): per call each
+member's kernel end less the last member's start, averaged over the members as calib.models.network_points
+merges a training call's ranks. For all-to-all on 2 and 4 x H200 the fastest member's kernel is 10-17 %
+shorter than that split at 8-9.5 MiB, and back-to-back calls of 32-64 MiB in groups of 4 4-23 % longer than calls
+alone (measure/probes/a2a_context.py, traces/README.md, round 42). The
+manifest's notes.timing_method says which of the four ways a bundle was timed ("events-one-call",
+"events-loop", "kernel", "kernel-isolated").
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from measure.env import child_env, host_name, visible_gpus
 from measure.train import REPO_ROOT, last_error_line, open_writer, run_process
 
 GLOO_KINDS = ("all_reduce", "all_gather", "send_recv")
+KERNEL_TIMINGS = ("kernel", "kernel-isolated")
 
 
 def default_sizes(lo: int = 2**10, hi: int = 2**30, step: int = 4, per_doubling: int = 0, align: int = 1) -> list[int]:
@@ -90,29 +101,56 @@ def _make_op(dist: Any, torch: Any, kind: str, n: int, count: int, dtype: Any, d
     return lambda: dist.all_reduce(buf, group=group)
 
 
-def _kernel_durations(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any
-                      ) -> list[float]:
-    """Seconds of each of `repeats` back-to-back calls' NCCL kernels, in launch order, from a CUDA
-    profile of just those calls (warm-up calls and the barrier stay outside it)."""
+def nccl_kernels(torch: Any, calls: Callable[[], None]) -> list[tuple[float, float, float]]:
+    """(trace base us, start us from it, duration us) of the NCCL kernels `calls` launches, in launch order, from a
+    CUDA profile of just them (the base keeps the starts exact; one clock for the host's ranks)."""
     import tempfile
 
-    for _ in range(warmup):
-        op()
-    dist.barrier(group=group)
-    torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            op()
+        calls()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
-    kernels = sorted((float(e["ts"]), float(e["dur"]) * 1e-6) for e in events
-                     if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower())
+        data = json.loads(path.read_text())
+    base_us = int(data.get("baseTimeNanoseconds", 0) or 0) / 1e3
+    return sorted((base_us, float(e["ts"]), float(e["dur"])) for e in data.get("traceEvents", [])
+                  if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower())
+
+
+def _kernel_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any,
+                  isolated: bool = False) -> list[tuple[float, float, float]]:
+    """`nccl_kernels` of `repeats` calls (warm-up calls and the barrier stay outside the profile): back to back after
+    one barrier, or (`isolated`) each after a device sync, on an idle GPU."""
+    for _ in range(warmup):
+        op()
+    dist.barrier(group=group)
+    torch.cuda.synchronize()
+
+    def calls() -> None:
+        for _ in range(repeats):
+            if isolated:
+                torch.cuda.synchronize()
+            op()
+
+    kernels = nccl_kernels(torch, calls)
     if len(kernels) != repeats:
         raise CalibError(f"kernel timing: the profile holds {len(kernels)} NCCL kernels for {repeats} calls")
-    return [d for _, d in kernels]
+    return kernels
+
+
+def call_times(calls: Any) -> tuple[Any, Any, Any]:
+    """Per call, from members x calls x (trace base us, start us, duration us): the longest member's kernel, the
+    shortest's, and the training steps' transfer (calib.convert.run: each member's kernel end less the last
+    member's start, within [0, its kernel], averaged over the members as calib.models.network_points merges a
+    training call's ranks), in seconds."""
+    import numpy as np
+
+    t = np.asarray(calls, dtype=float)
+    start = (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1]
+    dur = t[:, :, 2]
+    transfer = np.clip(start + dur - start.max(axis=0), 0.0, dur).mean(axis=0)
+    return dur.max(axis=0) * 1e-6, dur.min(axis=0) * 1e-6, transfer * 1e-6
 
 
 def _bench(args: dict) -> None:
@@ -138,7 +176,8 @@ def _bench(args: dict) -> None:
         if n <= world:
             groups[n] = dist.new_group(list(range(n))) if n < world else dist.group.WORLD
     iters = int(args.get("iters", 1))  # collectives per timed window
-    kernel_timing = args.get("timing", "events") == "kernel"
+    timing = args.get("timing", "events")
+    kernel_timing = timing in KERNEL_TIMINGS
     results = []
 
     def clock() -> tuple:
@@ -164,7 +203,9 @@ def _bench(args: dict) -> None:
                 if member:
                     op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
                     if kernel_timing:
-                        times = _kernel_durations(torch, op, args["warmup"], args["repeats"], dist, group)
+                        calls = _kernel_calls(torch, op, args["warmup"], args["repeats"], dist, group,
+                                              isolated=timing == "kernel-isolated")
+                        mine = torch.tensor(calls, dtype=torch.float64, device=dev)
                     else:
                         times = []
                         for i in range(args["warmup"] + args["repeats"]):
@@ -178,18 +219,17 @@ def _bench(args: dict) -> None:
                             t = elapsed(a, b) / iters
                             if i >= args["warmup"]:
                                 times.append(t)
-                    mine = torch.tensor(times, dtype=torch.float64, device=dev)
+                        mine = torch.tensor(times, dtype=torch.float64, device=dev)
                     allt = [torch.empty_like(mine) for _ in range(n)]
                     dist.all_gather(allt, mine, group=group)
                     if rank == 0:
-                        per = torch.stack(allt).cpu()
-                        slow, fast = per.max(0).values.tolist(), per.min(0).values.tolist()
-                        results.append({
-                            "kind": kind, "group_size": n, "bytes": count * elem,
-                            "time_s": statistics.median(slow), "transfer_s": statistics.median(fast),
-                            "wait_s": statistics.median([s - f for s, f in zip(slow, fast, strict=True)]),
-                            "repeats": len(times), "min_s": min(slow), "max_s": max(slow),
-                        })
+                        per = torch.stack(allt).cpu().numpy()
+                        if kernel_timing:
+                            slow, fast, training = call_times(per)
+                            transfer = training if timing == "kernel-isolated" else fast
+                        else:
+                            slow, transfer = per.max(0), per.min(0)
+                        results.append(_point(kind, n, count * elem, slow, transfer))
                     del op
                 dist.barrier()
             if cuda:
@@ -203,8 +243,22 @@ def _bench(args: dict) -> None:
     dist.destroy_process_group()
 
 
+def _point(kind: str, n: int, nbytes: int, slow: Any, transfer: Any) -> dict[str, Any]:
+    """One table row from per-call times: the slowest member's and the transfer, in seconds."""
+    slow, transfer = [float(x) for x in slow], [float(x) for x in transfer]
+    return {"kind": kind, "group_size": n, "bytes": nbytes, "time_s": statistics.median(slow),
+            "transfer_s": statistics.median(transfer),
+            "wait_s": statistics.median([s - f for s, f in zip(slow, transfer, strict=True)]),
+            "repeats": len(slow), "min_s": min(slow), "max_s": max(slow)}
+
+
 def _timing_note(timing: str, iters: int, repeats: int) -> str:
     """The manifest's words for how the points were timed."""
+    if timing == "kernel-isolated":
+        return (f"warm-up, barrier, then {repeats} collectives under the CUDA profiler, each alone on an idle GPU (device "
+                "sync, then one call; no barrier), timed by its NCCL kernels; time_s = median over calls of "
+                "the longest member's kernel, transfer_s = of the training steps' transfer (each member's kernel end "
+                "less the last member's start, averaged over the members), wait_s = of their difference")
     if timing == "kernel":
         return (f"warm-up, barrier, then {repeats} back-to-back collectives under the CUDA profiler, each timed by its "
                 "NCCL kernel; time_s = median over calls of the longest member's kernel, transfer_s = of the shortest, "
@@ -222,9 +276,9 @@ def measure_collectives(
     iters: int = 1, timing: str = "events",
 ) -> Path:
     kinds = list(kinds or KINDS)
-    if timing not in ("events", "kernel"):
-        raise CalibError(f"collective timing is 'events' or 'kernel', not {timing!r}")
-    if timing == "kernel" and device != "cuda":
+    if timing not in ("events", *KERNEL_TIMINGS):
+        raise CalibError(f"collective timing is 'events', 'kernel' or 'kernel-isolated', not {timing!r}")
+    if timing in KERNEL_TIMINGS and device != "cuda":
         raise CalibError("kernel timing reads NCCL kernels from the CUDA profiler: it needs --device cuda")
     bad = [k for k in kinds if k not in KINDS]
     if bad:
@@ -249,7 +303,7 @@ def measure_collectives(
         "dtype": "bfloat16" if device == "cuda" else "float32", "groups": "first n ranks of the host",
         "conventions": "nccl-tests: all_gather sized by total output, reduce_scatter by total input; GB/s = 1e9 B/s",
         "timing": _timing_note(timing, iters, repeats),
-        "timing_method": "kernel" if timing == "kernel" else ("events-loop" if iters > 1 else "events-one-call"),
+        "timing_method": timing if timing in KERNEL_TIMINGS else ("events-loop" if iters > 1 else "events-one-call"),
     })
     writer = open_writer(out, manifest, overwrite)
     work = writer.dir("work")

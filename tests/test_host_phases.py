@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import pytest
 
@@ -12,9 +10,14 @@ from tests.conftest import ROOT, load_benchmark
 
 # Every round is committed as its summary (benchmarks/host_phases.py --summary-out), written from its results, which
 # are not kept for room: rounds 1-10 since the forty-second session, 11 since the forty-fourth, 12 on from the start.
-PROBE_ROUNDS = sorted(d for d in (ROOT / "traces").glob("*/_probes/host-phases-*") if (d / "summary.json").is_file())
-SUMMARY_12 = ROOT / "traces" / "h200" / "_probes" / "host-phases-12" / "summary.json"
-SUMMARY_13 = ROOT / "traces" / "h200" / "_probes" / "host-phases-13" / "summary.json"
+PROBE_ROUNDS = sorted(d for d in (ROOT / "traces").glob("*/_probes/host-phases-*") if (d / "summary.json.xz").is_file())
+SUMMARY_12 = ROOT / "traces" / "h200" / "_probes" / "host-phases-12" / "summary.json.xz"
+SUMMARY_13 = ROOT / "traces" / "h200" / "_probes" / "host-phases-13" / "summary.json.xz"
+
+
+def _summary(path) -> dict:
+    """A committed round's summary runs (xz JSON, benchmarks/host_phases.py --summary-out)."""
+    return load_benchmark("host_phases").load(path)["runs"]
 
 
 def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
@@ -70,7 +73,7 @@ def test_committed_probe_summaries_decompose(round_dir):
     """Each run's modules' exclusive host time adds up to its host's time to finish the step (the decomposition
     loses nothing), every forward and backward made launches, and the host never finishes after the measured step.
     (Checked on the results themselves while they were committed; their summaries keep the tables it reads.)"""
-    kept = json.loads((round_dir / "summary.json").read_text())["runs"]
+    kept = _summary(round_dir / "summary.json.xz")
     assert kept
     for name, v in kept.items():
         p = v["phases"]
@@ -107,8 +110,8 @@ def test_the_gpu_stamped_probe_puts_the_moe_steps_idle_in_their_forward():
     intervals of its phases add up to the step, no phase runs its kernels in less GPU time than they take, the dense
     control hardly idles (~1 %), and each Mixtral configuration idles most in its MoE layers' forward (docs/host.md,
     "Where the one-GPU MoE steps idle"); the reader prints the summary's tables."""
-    summary = ROOT / "traces" / "h200" / "_probes" / "host-phases-11" / "summary.json"
-    kept = json.loads(summary.read_text())["runs"]
+    summary = ROOT / "traces" / "h200" / "_probes" / "host-phases-11" / "summary.json.xz"
+    kept = _summary(summary)
     assert set(kept) == {"llama8b-s2048-mb4", "mixtral-L1-s2048-mb4", "mixtral-s2048-mb4", "mixtral-L3-s2048-mb4",
                          "mixtral-s256-mb2"}
     for name, v in kept.items():
@@ -149,9 +152,8 @@ def test_gpu_stamps_pair_with_their_spans_in_closing_order(monkeypatch):
 def test_round_12_is_committed_as_the_summary_its_reader_prints():
     """Round 12 (fortieth session, 2 x H200): three two-GPU Mixtral configurations at sequence 256, committed as
     benchmarks/host_phases.py's summary of their GPU-stamped steps; the reader prints it like results."""
-    import json
 
-    runs = json.loads(SUMMARY_12.read_text())["runs"]
+    runs = _summary(SUMMARY_12)
     assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-mixtral-ep2-s256-mb4", "2gpu-mixtral-dp2-s256"}
     for name, run in runs.items():
         idle = run["gpu_idle"]
@@ -168,9 +170,8 @@ def test_round_13_times_tensor_parallelism_beside_data_parallelism_on_one_lease(
     """Round 13 (forty-first session, 2 x H200): the Mixtral trio of round 12 and Llama-3 8B with TP 2 and DP 2 at
     sequence 256, committed as the summary; on this lease TP's launches cost the host more than DP's, dense and MoE
     (docs/host.md, "Tensor parallelism adds no pace": what the probe says against the weight of 0)."""
-    import json
 
-    runs = json.loads(SUMMARY_13.read_text())["runs"]
+    runs = _summary(SUMMARY_13)
     assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-mixtral-ep2-s256-mb4", "2gpu-mixtral-dp2-s256",
                          "2gpu-llama8b-tp2-s256", "2gpu-llama8b-dp2-s256"}
     per = {name: run["phases"] for name, run in runs.items()}
@@ -184,10 +185,9 @@ def test_round_13_times_tensor_parallelism_beside_data_parallelism_on_one_lease(
 def test_round_14_is_the_probe_beside_calib_measure_on_one_lease():
     """Round 14 (forty-first session, 2 x H200): the probe between two `calib measure` passes of the same three
     configurations; its summary holds the probe's three runs, which the reader prints."""
-    import json
 
-    summary = ROOT / "traces" / "h200" / "_probes" / "host-phases-14" / "summary.json"
-    runs = json.loads(summary.read_text())["runs"]
+    summary = ROOT / "traces" / "h200" / "_probes" / "host-phases-14" / "summary.json.xz"
+    runs = _summary(summary)
     assert set(runs) == {"2gpu-mixtral-tp2-sp-s256", "2gpu-llama8b-tp2-s256", "2gpu-mixtral-ep2-s256"}
     assert all(run["phases"]["step_ms"] > 0 and run["gpu_idle"]["step"]["kernels_ms"] > 0 for run in runs.values())
     assert load_benchmark("host_phases").main([str(summary.parent), "--gpu"]) == 0

@@ -211,9 +211,26 @@ def test_kernel_timing_needs_cuda_and_a_known_method(tmp_path: Path) -> None:
 
     with pytest.raises(CalibError, match="needs --device cuda"):
         measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel")
-    with pytest.raises(CalibError, match="'events' or 'kernel'"):
+    with pytest.raises(CalibError, match="needs --device cuda"):
+        measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel-isolated")
+    with pytest.raises(CalibError, match="'events', 'kernel' or 'kernel-isolated'"):
         measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="wall")
     assert not (tmp_path / "k").exists()
+
+
+def test_an_isolated_call_is_split_as_a_training_step_splits_it() -> None:
+    """Per call: the longest and shortest member's kernels, and the training steps' transfer (each member's end
+    less the last member's start, averaged), whatever the members' trace bases."""
+    from measure.collectives import call_times
+
+    # two members x two calls x (trace base us, start us, duration us); member 1's trace counts from 10 us later
+    calls = [[[0.0, 100.0, 30.0], [0.0, 500.0, 20.0]],
+             [[10.0, 100.0, 25.0], [10.0, 480.0, 40.0]]]
+    slow, fast, transfer = call_times(calls)
+    assert slow == pytest.approx([30e-6, 40e-6]) and fast == pytest.approx([25e-6, 20e-6])
+    # call 1: member 1 starts last (110 us): ends 130 and 135 -> 20 and 25 us; call 2: member 0 last (500 us):
+    # ends 520 and 530 -> 20 and 30 us
+    assert transfer == pytest.approx([22.5e-6, 25e-6])
 
 
 def test_cpu_bundle_in_tests_data_is_readable() -> None:
@@ -269,3 +286,17 @@ def test_flash_attention_run_records_causal_sdpa(tmp_path: Path) -> None:
         causal = classify(n["name"], i["shapes"], i["types"], causal=True)
         full = classify(n["name"], i["shapes"], i["types"], causal=False)
         assert causal.op_class == "attention" and causal.flops == full.flops / 2 > 0
+
+
+def test_the_all_to_all_probe_separates_harness_and_training_splits() -> None:
+    """measure.probes.a2a_context on 4 x H200 (traces/README.md, round 42): at 8-9.5 MiB the training steps' split
+    makes an all-to-all 11-21 % longer than the harness's fastest member, in every context, and back-to-back calls
+    of 32 MiB in groups of 4 take longer than calls alone on an idle GPU by either convention."""
+    from tests.conftest import TRACES, load_benchmark
+
+    df = load_benchmark("a2a_context").table(TRACES / "h200" / "_probes" / "a2a-context-1" / "a2a_context.json.xz")
+    small = df[df["MiB"] <= 9.5]
+    assert len(small) == 20 and (small["training_us"] > 1.02 * small["harness_us"]).all()
+    at32 = df[(df["group"] == 4) & (df["MiB"] == 32.0)].set_index("context")
+    for col in ("harness_us", "training_us"):
+        assert at32.loc["harness", col] > 1.05 * at32.loc["isolated", col]

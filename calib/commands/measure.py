@@ -106,7 +106,7 @@ def collectives(
     group_sizes: str = typer.Option("2,4,8", "--group-sizes"),
     warmup: int = typer.Option(5, "--warmup"), repeats: int = typer.Option(20, "--repeats"),
     iters: int = typer.Option(1, "--iters", help="back-to-back collectives per timed window (1: one call on an idle GPU, launch floor included, as the committed calibration data; 20: nccl-tests' way)"),
-    timing: str = typer.Option("events", "--timing", help="events: CUDA events around each timed window; kernel: each call's NCCL kernel from the CUDA profiler, the time the simulator consumes (no launch floor)"),
+    timing: str = typer.Option("events", "--timing", help="events: CUDA events around each timed window; kernel: each call's NCCL kernel from the CUDA profiler, the time the simulator consumes (no launch floor), calls back to back; kernel-isolated: the same, each call alone on an idle GPU, its transfer split as a training step's"),
     device: str = typer.Option("cuda", "--device"), master_port: int = typer.Option(29700, "--master-port"),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:

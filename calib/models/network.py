@@ -54,6 +54,11 @@ FORM_VERSION = 3  # 1: no pipeline term (files before it lack form_version); 2: 
 # sizes left out one at a time were predicted worse from their neighbours, 7.2 %, than by the smooth form, 6.6 %),
 # four sizes per doubling with one in five left out leaves gaps of 2^(1/2) (traces/README.md, round 39).
 BEND_MAX_GAP = 1.5
+# An MoE step's all-to-all moves the tokens' uneven split, not the isolated call's even one, and its time at a size is
+# not the microbenchmark's (2 x H200: 26-28 us in training at 8.4-9.5 MiB, 22 us alone at 9.5 MiB; 4 x H200: 85-174 us
+# at 33-77 MiB, 103-213 us alone, traces/README.md, round 41): its training sizes set the bends within this factor.
+TRAINING_LED_GAP = 1.2
+TRAINING_LED_KINDS = ("alltoall",)
 
 
 @dataclass
@@ -73,7 +78,7 @@ class Bends:
 
     @classmethod
     def fit(cls, nbytes: np.ndarray, log_t: np.ndarray, log_smooth: np.ndarray, micro: np.ndarray,
-            monotone: bool = True) -> Bends:
+            monotone: bool = True, training_led: bool = False) -> Bends:
         """Knots at the sizes of `nbytes` (kernel-timed points, log times `log_t`, the smooth form's `log_smooth`;
         `micro`: a microbenchmark's). Only dense runs with two or more microbenchmark sizes are kept: a training
         collective's time moves with what the step overlaps it with (and an MoE all-to-all's with the tokens'
@@ -81,14 +86,20 @@ class Bends:
         made non-decreasing in size (isotonic least squares) before they become ratios: where a cluster of training
         sizes ran slower than the microbenchmark just above them (2 x H200: all-to-alls of 8.4-9.5 MiB took
         26-28 us in MoE steps, one of 9.5 MiB 22 us alone), the two pool instead of the faster one setting both
-        (`monotone` False: the medians as they are, benchmarks/network_bends.py)."""
+        (`monotone` False: the medians as they are, benchmarks/network_bends.py). `training_led`: microbenchmark
+        sizes within `TRAINING_LED_GAP` of a training size are left out, so the training sizes bend the curve there."""
         from sklearn.isotonic import IsotonicRegression
 
         x = np.log10(np.maximum(np.asarray(nbytes, dtype=float), 1.0))
+        micro = np.asarray(micro, dtype=bool)
+        if training_led and (~micro).any():
+            gap = np.log10(TRAINING_LED_GAP)
+            near = micro & (np.abs(x[:, None] - np.unique(x[~micro])[None, :]) <= gap).any(axis=1)
+            x, log_t, log_smooth, micro = x[~near], np.asarray(log_t)[~near], np.asarray(log_smooth)[~near], micro[~near]
         sizes = np.unique(x)
         med = np.array([float(np.median(log_t[x == v])) for v in sizes])
         smooth = np.array([float(np.median(log_smooth[x == v])) for v in sizes])
-        anchor = np.array([bool(np.asarray(micro)[x == v].any()) for v in sizes])
+        anchor = np.array([bool(micro[x == v].any()) for v in sizes])
         keep = np.zeros(len(sizes), dtype=bool)
         for i, j in _dense_runs(sizes):
             if anchor[i:j + 1].sum() >= 2:
@@ -277,7 +288,8 @@ class Series:
         ser = cls(domain, kind, n, alpha_t, 1.0 / beta, resid, len(s), (float(s.min()), float(s.max())),
                   alpha_b, bool((~b & (s <= MIB)).any()), c)
         if (~b).any():  # kernel-timed points, microbenchmark and training alike
-            ser.bends = Bends.fit(s[~b], np.log(t[~b]), np.log(ser.predict(s[~b])), mb[~b])
+            ser.bends = Bends.fit(s[~b], np.log(t[~b]), np.log(ser.predict(s[~b])), mb[~b],
+                                  training_led=kind in TRAINING_LED_KINDS)
         return ser
 
     def to_dict(self) -> dict:

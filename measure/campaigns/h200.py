@@ -462,6 +462,13 @@ ROUND40 = {"collectives-2gpu-dense-a4k-c": 4096, "collectives-2gpu-dense-a4k-d":
 # traces/README.md, round 41). On 2 x H100, round 39's `collectives-2gpu-dense-a4k` and `-a4k-b` would do the same for
 # the H100's 2-GPU series.
 ROUND41_X4 = ["collectives-4gpu-dense-a4k", "collectives-4gpu-dense-a4k-b"]
+# Round 42 (fiftieth session, 4 x H200): the 4 KiB grid for groups of 2 and 4 with each call alone on an idle GPU and
+# its transfer split as a training step's (`--timing kernel-isolated`), twice, and once back to back on the same
+# lease: measure.probes.a2a_context found the back-to-back harness 4-23 % slow for 32-64 MiB all-to-alls of 4 and
+# its fastest-member convention 10-17 % fast at 8-9.5 MiB against the training steps' split (traces/README.md,
+# round 42).
+ROUND42_X4 = {"collectives-4gpu-dense-iso": "kernel-isolated", "collectives-4gpu-dense-b2b": "kernel",
+              "collectives-4gpu-dense-iso-b": "kernel-isolated"}
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -486,23 +493,26 @@ def collectives_job(rid: str, gpus: int, out: Path, *flags: str, est_s: float, t
     return Job(rid, gpus, ["collectives", "-o", str(out / rid), *flags], est_s=est_s, timeout_s=timeout_s)
 
 
-# Each of 50 back-to-back calls timed by its NCCL kernel under the CUDA profiler (measure/collectives.py).
-KERNEL_TIMED = ("--timing", "kernel", "--repeats", "50")
+def kernel_timed(timing: str = "kernel") -> tuple[str, ...]:
+    """Each of 50 calls timed by its NCCL kernel under the CUDA profiler (measure/collectives.py): back to back
+    ("kernel") or each alone ("kernel-isolated")."""
+    return ("--timing", timing, "--repeats", "50")
 
 
 def timed_collectives(rid: str, gpus: int, out: Path, group_sizes: str, how: str, est_s: float = 90) -> Job:
     """The collectives by factors of 2 at `group_sizes`, each call timed by its NCCL kernel (`how` "kernel",
     50 calls) or as nccl-tests' loop of 20 back-to-back calls per event pair ("loop")."""
-    timing = KERNEL_TIMED if how == "kernel" else ("--iters", "20")
+    timing = kernel_timed() if how == "kernel" else ("--iters", "20")
     return collectives_job(rid, gpus, out, "--factor", "2", "--group-sizes", group_sizes, *timing, est_s=est_s,
                            timeout_s=300)
 
 
-def dense_collectives(rid: str, gpus: int, out: Path, group_sizes: str, align: int = 1, est_s: float = 120) -> Job:
+def dense_collectives(rid: str, gpus: int, out: Path, group_sizes: str, align: int = 1, est_s: float = 120,
+                      timing: str = "kernel", timeout_s: float = 300) -> Job:
     """The collectives at four sizes per doubling from 256 KiB to 1 GiB at `group_sizes`, rounded to multiples of
-    `align` bytes, each call timed by its NCCL kernel (50 calls)."""
+    `align` bytes, each call timed by its NCCL kernel (50 calls; `timing` "kernel-isolated": each alone)."""
     return collectives_job(rid, gpus, out, "--per-doubling", "4", "--align", str(align), "--min-bytes", str(2**18),
-                           "--group-sizes", group_sizes, *KERNEL_TIMED, est_s=est_s, timeout_s=300)
+                           "--group-sizes", group_sizes, *kernel_timed(timing), est_s=est_s, timeout_s=timeout_s)
 
 
 def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout: float, total_gpus: int = 8) -> list[Job]:
@@ -581,6 +591,8 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [dense_collectives(r, 2, out, "2") for r in ROUND39]
     jobs += [dense_collectives(r, 2, out, "2", align) for r, align in (ROUND39_ALIGNED | ROUND40).items()]
     jobs += [dense_collectives(r, 4, out, "4", 4096) for r in ROUND41_X4]
+    jobs += [dense_collectives(r, 4, out, "2,4", 4096, est_s=200, timing=how, timeout_s=450)
+             for r, how in ROUND42_X4.items()]
     return jobs
 
 
