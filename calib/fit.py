@@ -430,10 +430,21 @@ def _kind_or_none(kind: object) -> str | None:
         return None
 
 
+# How measure/collectives.py may have timed a collectives bundle's calls: by their NCCL kernels (back to back, or each
+# alone with the training steps' transfer split), or with CUDA events (launch floor included; "events": bundles
+# written before notes.timing_method).
+KERNEL_TIMING_METHODS = ("kernel", "kernel-isolated")
+EVENT_TIMING_METHODS = ("events", "events-one-call", "events-loop")
+
+
 def timed_by_events(b: Bundle) -> bool:
-    """Whether a collectives bundle timed its calls with CUDA events (launch floor included) rather
-    than by their NCCL kernels (measure/collectives.py; bundles before notes.timing_method: events)."""
-    return (b.manifest.notes or {}).get("timing_method", "events") != "kernel"
+    """Whether a collectives bundle timed its calls with CUDA events rather than by their NCCL kernels; a method
+    calib does not know is an error, not a guess at the latency its points carry."""
+    method = (b.manifest.notes or {}).get("timing_method", "events")
+    if method not in KERNEL_TIMING_METHODS + EVENT_TIMING_METHODS:
+        raise CalibError(f"{b.id}: collectives timed by an unknown method {method!r} "
+                         f"(known: {', '.join(KERNEL_TIMING_METHODS + EVENT_TIMING_METHODS)})")
+    return method not in KERNEL_TIMING_METHODS
 
 
 def timed_in_loop(b: Bundle) -> bool:

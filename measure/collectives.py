@@ -51,7 +51,7 @@ from measure.env import child_env, host_name, visible_gpus
 from measure.train import REPO_ROOT, last_error_line, open_writer, run_process
 
 GLOO_KINDS = ("all_reduce", "all_gather", "send_recv")
-KERNEL_TIMINGS = ("kernel", "kernel-isolated")
+KERNEL_TIMINGS = ("kernel", "kernel-isolated")  # calib.fit.KERNEL_TIMING_METHODS: fitted as kernel-timed
 
 
 def default_sizes(lo: int = 2**10, hi: int = 2**30, step: int = 4, per_doubling: int = 0, align: int = 1) -> list[int]:

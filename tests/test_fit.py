@@ -108,3 +108,25 @@ def test_kernel_extrapolation_checks_from_microbenchmark_labels() -> None:
     # The known function saturates, so extrapolated efficiencies hold: small errors (noise is 1%).
     assert errors["kernel.tp1_from_other_tp"].mape < 5.0
     assert errors["kernel.largest_model"].mape < 5.0
+
+
+def test_collectives_timed_each_alone_are_kernel_timed_and_an_unknown_method_is_refused(tmp_path: Path) -> None:
+    """Round 42's `--timing kernel-isolated` bundle (committed packed) gives points with the training steps'
+    latency, as back-to-back kernel-timed ones do; a timing method calib does not know is one clear error."""
+    import tarfile
+
+    from calib.errors import CalibError
+    from calib.fit import collective_points
+    from tests.conftest import TRACES
+
+    with tarfile.open(TRACES / "h200" / "_campaigns" / "x4-round42" / "dense-iso.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    iso, b2b = (tmp_path / f"collectives-4gpu-dense-{n}" for n in ("iso", "b2b"))
+    micro, _ = collective_points(load_bundles([iso, b2b]))
+    assert set(micro["bundle"]) == {iso.name, b2b.name} and not micro["events"].any()
+    manifest = iso / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["notes"]["timing_method"] = "kernel-sampled"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(CalibError, match="unknown method 'kernel-sampled'"):
+        collective_points(load_bundles([iso]))
