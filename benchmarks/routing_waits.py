@@ -2,8 +2,9 @@
 (docs/host.md, "One wait per routing").
 
     python benchmarks/routing_waits.py [RAW_DIR ...] [--save FILE]
-    (default: the committed summary traces/h200/_probes/routing-waits-1/summary.json, and the raw traces of
-    traces/h200/mixtral-ep2-mbs2-raw)
+    (default: the committed summaries: round 34's, traces/h200/_probes/routing-waits-1/summary.json, and
+    mixtral-ep2-mbs2-raw's, traces/h200/_probes/routing-waits-ep2/summary.json, written from its raw traces before
+    they left the tree in the fifty-first session)
 
 A RAW_DIR holds a bundle's raw traces (device.N.json[.gz|.xz], one per rank; `calib measure train --keep-raw`,
 round 34 in measure/campaigns/h200.py). Per rank of each: the device-to-host copies by stream, the host's
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = ROOT / "traces" / "h200" / "_probes" / "routing-waits-1" / "summary.json"
+SUMMARIES = [ROOT / "traces" / "h200" / "_probes" / d / "summary.json" for d in ("routing-waits-1", "routing-waits-ep2")]
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
@@ -65,8 +66,7 @@ def main(argv: list[str]) -> int:
     if dirs:
         out = [summarize(d) for d in dirs]
     else:
-        out = json.loads(SUMMARY.read_text()) if SUMMARY.is_file() else []
-        out += [summarize(ROOT / "traces" / "h200" / "mixtral-ep2-mbs2-raw" / "raw")]
+        out = [s for f in SUMMARIES if f.is_file() for s in json.loads(f.read_text())]
     for s in out:
         for rank, r in s["ranks"].items():
             print(f"{s['run']:28s} rank {rank}: DtoH copies by stream {r['dtoh_copies_by_stream']}; event syncs "

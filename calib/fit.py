@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from calib.bundle.io import Bundle, check_bundle
+from calib.bundle.schema import EVENT_TIMING_METHODS, KERNEL_TIMING_METHODS
 from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.clock import ClockModel, clock_points
@@ -428,13 +429,6 @@ def _kind_or_none(kind: object) -> str | None:
         return normalize_kind(str(kind))
     except CalibError:
         return None
-
-
-# How measure/collectives.py may have timed a collectives bundle's calls: by their NCCL kernels (back to back, or each
-# alone with the training steps' transfer split), or with CUDA events (launch floor included; "events": bundles
-# written before notes.timing_method).
-KERNEL_TIMING_METHODS = ("kernel", "kernel-isolated")
-EVENT_TIMING_METHODS = ("events", "events-one-call", "events-loop")
 
 
 def timed_by_events(b: Bundle) -> bool:

@@ -44,14 +44,22 @@ from typing import Any
 
 import pandas as pd
 
-from calib.bundle.schema import COLLECTIVE_COLUMNS, GpuInfo, Manifest, Software
+from calib.bundle.schema import COLLECTIVE_COLUMNS, KERNEL_TIMING_METHODS, GpuInfo, Manifest, Software
 from calib.errors import CalibError
 from measure.conventions import KINDS, bandwidths_gbps
 from measure.env import child_env, host_name, visible_gpus
 from measure.train import REPO_ROOT, last_error_line, open_writer, run_process
 
 GLOO_KINDS = ("all_reduce", "all_gather", "send_recv")
-KERNEL_TIMINGS = ("kernel", "kernel-isolated")  # calib.fit.KERNEL_TIMING_METHODS: fitted as kernel-timed
+# Timings whose points calib fit refuses (calib.fit.timed_by_events: a method it does not know) until the model reads
+# them: "kernel-released", each call's members released together on the GPU and one (`late_member`, by default the
+# group's last: a send/recv's receiver) `late_us` after.
+RELEASED = "kernel-released"
+TIMINGS = ("events", *KERNEL_TIMING_METHODS, RELEASED)
+# The GPU sleeps this long before a released pass's calls so that the host's launches (a release, a sleep and the
+# collective a call) are all queued before the first runs (measure.probes.a2a_stagger: without it the host paced
+# calls of 8-32 MiB, members 50-90 us apart at no delay).
+HEAD_START_US = 20_000.0
 
 
 def default_sizes(lo: int = 2**10, hi: int = 2**30, step: int = 4, per_doubling: int = 0, align: int = 1) -> list[int]:
@@ -101,9 +109,10 @@ def _make_op(dist: Any, torch: Any, kind: str, n: int, count: int, dtype: Any, d
     return lambda: dist.all_reduce(buf, group=group)
 
 
-def nccl_kernels(torch: Any, calls: Callable[[], None]) -> list[tuple[float, float, float]]:
+def nccl_kernels(torch: Any, calls: Callable[[], None], exclude: str = "") -> list[tuple[float, float, float]]:
     """(trace base us, start us from it, duration us) of the NCCL kernels `calls` launches, in launch order, from a
-    CUDA profile of just them (the base keeps the starts exact; one clock for the host's ranks)."""
+    CUDA profile of just them (the base keeps the starts exact; one clock for the host's ranks); `exclude`: leave
+    out kernels whose name holds it (a probe's own barriers)."""
     import tempfile
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -115,7 +124,49 @@ def nccl_kernels(torch: Any, calls: Callable[[], None]) -> list[tuple[float, flo
         data = json.loads(path.read_text())
     base_us = int(data.get("baseTimeNanoseconds", 0) or 0) / 1e3
     return sorted((base_us, float(e["ts"]), float(e["dur"])) for e in data.get("traceEvents", [])
-                  if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower())
+                  if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()
+                  and not (exclude and exclude in str(e.get("name", ""))))
+
+
+def cycles_per_us(torch: Any) -> float:
+    """The GPU's sleep cycles (`torch.cuda._sleep`) per microsecond, from one timed 2 M-cycle sleep."""
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    end.synchronize()
+    return 2_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def _released_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any,
+                    late_cycles: int) -> list[tuple[float, float, float]]:
+    """`nccl_kernels` of `repeats` calls, each after a one-element all-reduce that releases the members together on
+    the GPU, this member sleeping `late_cycles` first (the group's last member, or nobody); the releases' kernels,
+    every other one in launch order, are left out."""
+    flag = torch.zeros(1, dtype=torch.float32, device=torch.device("cuda", torch.cuda.current_device()))
+
+    def call() -> None:
+        dist.all_reduce(flag, group=group)
+        if late_cycles:
+            torch.cuda._sleep(late_cycles)
+        op()
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    head = int(HEAD_START_US * cycles_per_us(torch))
+
+    def calls() -> None:
+        torch.cuda._sleep(head)
+        for _ in range(repeats):
+            call()
+
+    kernels = nccl_kernels(torch, calls)
+    if len(kernels) != 2 * repeats:
+        raise CalibError(f"released timing: the profile holds {len(kernels)} NCCL kernels for {repeats} calls and "
+                         f"their releases")
+    return kernels[1::2]
 
 
 def _kernel_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any,
@@ -141,16 +192,17 @@ def _kernel_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: in
 
 def call_times(calls: Any) -> tuple[Any, Any, Any]:
     """Per call, from members x calls x (trace base us, start us, duration us): the longest member's kernel, the
-    shortest's, and the training steps' transfer (calib.convert.run: each member's kernel end less the last
-    member's start, within [0, its kernel], averaged over the members as calib.models.network_points merges a
-    training call's ranks), in seconds."""
+    shortest's, and the training steps' transfer (calib.convert.run.transfer_split, averaged over the members as
+    calib.models.network_points merges a training call's ranks), in seconds."""
     import numpy as np
+
+    from calib.convert.run import transfer_split
 
     t = np.asarray(calls, dtype=float)
     start = (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1]
     dur = t[:, :, 2]
-    transfer = np.clip(start + dur - start.max(axis=0), 0.0, dur).mean(axis=0)
-    return dur.max(axis=0) * 1e-6, dur.min(axis=0) * 1e-6, transfer * 1e-6
+    _, transfer = transfer_split(start, dur)
+    return dur.max(axis=0) * 1e-6, dur.min(axis=0) * 1e-6, transfer.mean(axis=0) * 1e-6
 
 
 def _bench(args: dict) -> None:
@@ -177,7 +229,8 @@ def _bench(args: dict) -> None:
             groups[n] = dist.new_group(list(range(n))) if n < world else dist.group.WORLD
     iters = int(args.get("iters", 1))  # collectives per timed window
     timing = args.get("timing", "events")
-    kernel_timing = timing in KERNEL_TIMINGS
+    kernel_timing = timing in (*KERNEL_TIMING_METHODS, RELEASED)
+    late_cycles = int(float(args.get("late_us", 0.0)) * cycles_per_us(torch)) if timing == RELEASED else 0
     results = []
 
     def clock() -> tuple:
@@ -202,7 +255,11 @@ def _bench(args: dict) -> None:
                 count = _elements(kind, n, nbytes, elem)
                 if member:
                     op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
-                    if kernel_timing:
+                    if timing == RELEASED:
+                        calls = _released_calls(torch, op, args["warmup"], args["repeats"], dist, group,
+                                                late_cycles if rank == int(args.get("late_member", -1)) % n else 0)
+                        mine = torch.tensor(calls, dtype=torch.float64, device=dev)
+                    elif kernel_timing:
                         calls = _kernel_calls(torch, op, args["warmup"], args["repeats"], dist, group,
                                               isolated=timing == "kernel-isolated")
                         mine = torch.tensor(calls, dtype=torch.float64, device=dev)
@@ -226,7 +283,7 @@ def _bench(args: dict) -> None:
                         per = torch.stack(allt).cpu().numpy()
                         if kernel_timing:
                             slow, fast, training = call_times(per)
-                            transfer = training if timing == "kernel-isolated" else fast
+                            transfer = training if timing in ("kernel-isolated", RELEASED) else fast
                         else:
                             slow, transfer = per.max(0), per.min(0)
                         results.append(_point(kind, n, count * elem, slow, transfer))
@@ -252,8 +309,16 @@ def _point(kind: str, n: int, nbytes: int, slow: Any, transfer: Any) -> dict[str
             "repeats": len(slow), "min_s": min(slow), "max_s": max(slow)}
 
 
-def _timing_note(timing: str, iters: int, repeats: int) -> str:
+def _timing_note(timing: str, iters: int, repeats: int, late_us: float = 0.0, late_member: int = -1) -> str:
     """The manifest's words for how the points were timed."""
+    if timing == RELEASED:
+        return (f"warm-up, then {repeats} collectives under the CUDA profiler after a {HEAD_START_US / 1e3:.0f} ms GPU "
+                "sleep (every call queued first), each after a one-element all-reduce that releases the members "
+                f"together on the GPU, member {late_member} of the group (-1: the last) sleeping {late_us:g} us on "
+                "the GPU before the call, "
+                "timed by its NCCL kernels; time_s = median over calls of the longest member's kernel, transfer_s = "
+                "of the training steps' transfer (each member's kernel end less the last member's start, averaged "
+                "over the members), wait_s = of their difference")
     if timing == "kernel-isolated":
         return (f"warm-up, barrier, then {repeats} collectives under the CUDA profiler, each alone on an idle GPU (device "
                 "sync, then one call; no barrier), timed by its NCCL kernels; time_s = median over calls of "
@@ -273,13 +338,19 @@ def measure_collectives(
     out: str | Path, gpus: int, device: str = "cuda", sizes: list[int] | None = None,
     kinds: list[str] | None = None, group_sizes: tuple[int, ...] = (2, 4, 8), warmup: int = 5,
     repeats: int = 20, master_port: int = 29700, timeout_s: float = 1200.0, overwrite: bool = False,
-    iters: int = 1, timing: str = "events",
+    iters: int = 1, timing: str = "events", late_us: float = 0.0, late_member: int = -1,
 ) -> Path:
     kinds = list(kinds or KINDS)
-    if timing not in ("events", *KERNEL_TIMINGS):
-        raise CalibError(f"collective timing is 'events', 'kernel' or 'kernel-isolated', not {timing!r}")
-    if timing in KERNEL_TIMINGS and device != "cuda":
+    if timing not in TIMINGS:
+        raise CalibError(f"collective timing is one of {', '.join(TIMINGS)}, not {timing!r}")
+    if timing != "events" and device != "cuda":
         raise CalibError("kernel timing reads NCCL kernels from the CUDA profiler: it needs --device cuda")
+    if (late_us and timing != RELEASED) or not 0 <= late_us <= 1e6:
+        raise CalibError(f"--late-us (0-1e6 us) sets a member's delay of --timing {RELEASED}, got {late_us:g} "
+                         f"with --timing {timing}")
+    if late_member != -1 and (timing != RELEASED or not 0 <= late_member < min(group_sizes, default=2)):
+        raise CalibError(f"--late-member picks which member of every group is late in --timing {RELEASED}: -1 (the "
+                         f"last) or 0-{min(group_sizes, default=2) - 1}, got {late_member} with --timing {timing}")
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise CalibError(f"unknown collective(s) {', '.join(bad)}; known: {', '.join(KINDS)}")
@@ -302,14 +373,16 @@ def measure_collectives(
         "sizes_bytes": sizes, "group_sizes": list(gs), "warmup": warmup, "repeats": repeats, "iters": iters,
         "dtype": "bfloat16" if device == "cuda" else "float32", "groups": "first n ranks of the host",
         "conventions": "nccl-tests: all_gather sized by total output, reduce_scatter by total input; GB/s = 1e9 B/s",
-        "timing": _timing_note(timing, iters, repeats),
-        "timing_method": timing if timing in KERNEL_TIMINGS else ("events-loop" if iters > 1 else "events-one-call"),
+        "timing": _timing_note(timing, iters, repeats, late_us, late_member),
+        "timing_method": timing if timing != "events" else ("events-loop" if iters > 1 else "events-one-call"),
+        **({"late_us": late_us, "late_member": late_member} if timing == RELEASED else {}),
     })
     writer = open_writer(out, manifest, overwrite)
     work = writer.dir("work")
     result = work / "result.json"
     args = {"device": device, "sizes": sizes, "kinds": kinds, "group_sizes": list(gs), "warmup": warmup,
-            "repeats": repeats, "iters": iters, "timing": timing, "out": str(result)}
+            "repeats": repeats, "iters": iters, "timing": timing, "late_us": late_us, "late_member": late_member,
+            "out": str(result)}
     (work / "args.json").write_text(json.dumps(args))
     env = child_env({"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])})
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "--nnodes=1",

@@ -176,6 +176,17 @@ def test_wait_transfer_split(coll: RunConversion, mcore: RunConversion) -> None:
     assert all(n.attr("wait_ns") is None for n in mcore.traces[0].nodes)
 
 
+def test_transfer_split_waits_for_the_last_member() -> None:
+    """A member waits from its start to the last member's, at most its whole kernel; one call or calls in columns."""
+    from calib.convert.run import transfer_split
+
+    wait, transfer = transfer_split([100, 130, 160], [90, 80, 30])
+    assert wait.tolist() == [60, 30, 0] and transfer.tolist() == [30, 50, 30]
+    # a member whose kernel ended before the last arrived (a kernel 40 long, the last 60 later) waited all of it
+    wait, transfer = transfer_split([[0, 0], [60, 5]], [[40, 40], [10, 10]])
+    assert wait.tolist() == [[40, 5], [0, 0]] and transfer.tolist() == [[0, 35], [10, 10]]
+
+
 def test_kernels_table(coll: RunConversion, mcore: RunConversion, kineto_gpu: dict) -> None:
     for conv, name in ((coll, "coll"), (mcore, "mcore")):
         df = conv.kernels

@@ -65,9 +65,7 @@ def test_compact_recompresses_losslessly(tmp_path: Path) -> None:
     from calib.chakra.codec import encode, read_et, write_et
     from measure.compact import compact
 
-    src = next(b for b in load_bundles([TRACES / "h200"]) if b.id == "mixtral-ep2-mbs2-raw")
-    copy = tmp_path / src.id
-    shutil.copytree(src.path, copy)
+    src, copy = _with_raw(tmp_path)
     for f in [*copy.glob("et/rank.*.et.xz"), *copy.glob("raw/*.json.xz")]:
         plain = lzma.decompress(f.read_bytes())
         f.unlink()
@@ -244,38 +242,52 @@ def test_memory_probes_are_consistent_where_recorded(bundles: list) -> None:
     assert probed >= 8
 
 
-# Raw traces are dropped after conversion, except where a later analysis needs the host trace's CPU
-# op times (traces/README.md, rounds 5, 6 and 8).
-# The raw traces of mixtral-tp2-sp-rcsel-s30, llama8b-tp2-raw and mixtral-ep2-rcfull-raw (4.8 MB) left the tree in the
-# thirty-eighth session, gpt6.7b-tp2-sp-raw's (1.0 MB) in the fortieth, to make room for new rounds (traces/README.md
-# says where they are in git's history).
-KEPT_RAW = {"mixtral-ep2-mbs2-raw"}
+# Raw traces are dropped after conversion (traces/README.md says where the last kept ones are in git's history: the
+# raw traces of mixtral-tp2-sp-rcsel-s30, llama8b-tp2-raw and mixtral-ep2-rcfull-raw left the tree in the thirty-eighth
+# session, gpt6.7b-tp2-sp-raw's in the fortieth and mixtral-ep2-mbs2-raw's, summarised in
+# traces/h200/_probes/routing-waits-ep2, in the fifty-first, to make room for new rounds). gpt6.7b-pp2-mbs2's stay in
+# tests/data/h200-pp2-raw, where the conversion tests read them.
+KEPT_RAW: set[str] = set()
+RAW_TWIN = "gpt6.7b-pp2-mbs2"
 
 
-def test_kept_raw_traces_reconvert_to_the_committed_tables(bundles: list, tmp_path: Path) -> None:
+def _with_raw(tmp_path: Path):
+    """A copy of RAW_TWIN's bundle with its raw traces back in raw/ (as `calib measure train --keep-raw` leaves them)."""
+    from tests.conftest import TEST_DATA
+
+    src = next(b for b in load_bundles([TRACES / "h200"]) if b.id == RAW_TWIN)
+    copy = tmp_path / src.id
+    shutil.copytree(src.path, copy)
+    shutil.copytree(TEST_DATA / "h200-pp2-raw", copy / "raw")
+    return src, copy
+
+
+def test_raw_traces_reconvert_to_the_committed_tables(tmp_path: Path) -> None:
     import pandas as pd
 
+    from calib.fit import index_piece_runs
     from calib.ops import REDUCTIONS
     from measure.reconvert import reconvert
 
-    for b in [b for b in bundles if b.id in KEPT_RAW]:
-        raw = sorted(p.name for p in (b.path / "raw").iterdir())
-        world = b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp
-        assert raw == sorted(f"{k}.{r}.json.xz" for k in ("device", "host") for r in range(world))  # measure.compact
-        copy = tmp_path / b.id
-        shutil.copytree(b.path, copy)
-        reconvert(copy)
-        pd.testing.assert_frame_equal(pd.read_parquet(copy / "collectives.parquet"),
-                                      pd.read_parquet(b.path / "collectives.parquet"))
-        now, then = pd.read_parquet(copy / "kernels.parquet"), pd.read_parquet(b.path / "kernels.parquet")
-        # The tables were converted before the converter recorded a reduction's shape (m outputs, k reduced
-        # into each); that, and nothing else, differs.
-        gained = then["k"].isna() & now["k"].notna()
-        fam = now["aten_op"].str.removeprefix("aten::").str.rstrip("_")
-        assert (now.loc[gained, "op_class"] == "memory").all() and fam[gained].isin(REDUCTIONS).all()
-        assert gained.any()  # every step sums something (the loss, the gradient norms)
-        now.loc[gained, ["m", "k"]] = float("nan")
-        pd.testing.assert_frame_equal(now, then)
+    b, copy = _with_raw(tmp_path)
+    raw = sorted(p.name for p in (copy / "raw").iterdir())
+    world = b.manifest.spec.tp * b.manifest.spec.pp * b.manifest.spec.dp
+    assert raw == sorted(f"{k}.{r}.json.xz" for k in ("device", "host") for r in range(world))  # measure.compact
+    reconvert(copy)
+    pd.testing.assert_frame_equal(pd.read_parquet(copy / "collectives.parquet"),
+                                  pd.read_parquet(b.path / "collectives.parquet"))
+    now, then = pd.read_parquet(copy / "kernels.parquet"), pd.read_parquet(b.path / "kernels.parquet")
+    # The tables were converted before the converter recorded a reduction's shape (m outputs, k reduced into each)
+    # and shared an op's bytes among the kernels it is split into past 32-bit indexing (calib.fit.index_piece_runs
+    # reads those off an older table, as calib fit does); that, and nothing else, differs.
+    gained = then["k"].isna() & now["k"].notna()
+    fam = now["aten_op"].str.removeprefix("aten::").str.rstrip("_")
+    assert (now.loc[gained, "op_class"] == "memory").all() and fam[gained].isin(REDUCTIONS).all()
+    assert gained.any()  # every step sums something (the loss, the gradient norms)
+    now.loc[gained, ["m", "k"]] = float("nan")
+    pieces = index_piece_runs(then)
+    assert (pieces > 1).any() and (index_piece_runs(now) == 1).all()
+    pd.testing.assert_frame_equal(now, then.assign(bytes=then["bytes"] / pieces))
 
 
 ROUND4 = ["gpt13b-pp2-rcfull", "gpt6.7b-pp2-mbs2", "llama8b-pp2vpp2dp2", "llama8b-pp4-rcfull", "llama8b-tp2pp2",

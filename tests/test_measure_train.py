@@ -213,9 +213,29 @@ def test_kernel_timing_needs_cuda_and_a_known_method(tmp_path: Path) -> None:
         measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel")
     with pytest.raises(CalibError, match="needs --device cuda"):
         measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel-isolated")
-    with pytest.raises(CalibError, match="'events', 'kernel' or 'kernel-isolated'"):
+    with pytest.raises(CalibError, match="needs --device cuda"):
+        measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="kernel-released", late_us=200)
+    with pytest.raises(CalibError, match="one of events, kernel, kernel-isolated, kernel-released, not 'wall'"):
         measure_collectives(tmp_path / "k", 2, device="cpu", sizes=[1024], timing="wall")
+    # a late member only where calls are released together, and never a negative or NaN delay
+    for timing, late in (("kernel", 200.0), ("events", 5.0), ("kernel-released", -1.0),
+                         ("kernel-released", float("nan"))):
+        with pytest.raises(CalibError, match="--late-us"):
+            measure_collectives(tmp_path / "k", 2, device="cuda", sizes=[1024], timing=timing, late_us=late)
+    for timing, member in (("kernel", 0), ("kernel-released", 2), ("kernel-released", -2)):
+        with pytest.raises(CalibError, match="--late-member"):
+            measure_collectives(tmp_path / "k", 2, device="cuda", sizes=[1024], group_sizes=(2,), timing=timing,
+                                late_member=member)
     assert not (tmp_path / "k").exists()
+
+
+def test_calib_fit_refuses_released_bundles_until_it_reads_them() -> None:
+    """measure.collectives.RELEASED is a timing calib fit does not know: its bundles are refused, not fitted as
+    back-to-back kernel times (calib.fit.timed_by_events)."""
+    from calib.bundle.schema import EVENT_TIMING_METHODS, KERNEL_TIMING_METHODS
+    from measure.collectives import RELEASED, TIMINGS
+
+    assert RELEASED in TIMINGS and RELEASED not in KERNEL_TIMING_METHODS + EVENT_TIMING_METHODS
 
 
 def test_an_isolated_call_is_split_as_a_training_step_splits_it() -> None:
@@ -300,3 +320,67 @@ def test_the_all_to_all_probe_separates_harness_and_training_splits() -> None:
     at32 = df[(df["group"] == 4) & (df["MiB"] == 32.0)].set_index("context")
     for col in ("harness_us", "training_us"):
         assert at32.loc["harness", col] > 1.05 * at32.loc["isolated", col]
+
+
+def test_a_late_member_shortens_an_all_to_alls_split() -> None:
+    """measure.probes.a2a_stagger on 4 x H200 (traces/README.md, round 43): members released together on the GPU
+    arrive within a few us at no delay; from 200 us apart, one late member or a ramp, the training steps' split of
+    an all-to-all of 16-64 MiB is 5-14 % shorter than together, in groups of 2 and 4. The committed EP 4 steps show
+    the same: at each size, the calls whose members arrived apart have a shorter split than those that arrived
+    together."""
+    from tests.conftest import TRACES, load_benchmark
+
+    stagger = load_benchmark("a2a_stagger")
+    df = stagger.table(TRACES / "h200" / "_probes" / "a2a-stagger-2" / "a2a_stagger.json.xz")
+    assert len(df) == 4 * 7 + 4 * 7 * 2
+    assert (df.loc[df["delay_us"] == 0, "spread_us"] < 5).all()
+    late = df[(df["delay_us"] >= 200) & (df["MiB"] >= 16)]
+    assert len(late) == 3 * 3 + 3 * 3 * 2
+    assert late["split/no delay"].between(0.85, 0.96).all()
+    assert (late["spread_us"] > 0.9 * late["delay_us"]).all()
+    other_host = stagger.table(TRACES / "h200" / "_probes" / "a2a-stagger-3" / "a2a_stagger.json.xz")  # 2 x H200
+    late2 = other_host[(other_host["delay_us"] >= 200) & (other_host["MiB"] >= 16)]
+    assert len(late2) == 3 * 3 and late2["split/no delay"].between(0.85, 0.96).all()
+    training = stagger.training(TRACES / "h200")
+    training["apart"] = training["spread_us"] > 20
+    medians = training.assign(MiB=training["MiB"].round(1)).groupby(["MiB", "apart"])["split_us"].median().unstack()
+    assert len(medians) >= 2 and (medians[True] < 0.95 * medians[False]).all()
+
+
+def test_stagger_delays_follow_their_pattern() -> None:
+    from measure.probes.a2a_stagger import delay_of
+
+    assert [delay_of("one_late", r, 4, 100.0) for r in range(4)] == [0.0, 0.0, 0.0, 100.0]
+    assert [delay_of("ramp", r, 4, 90.0) for r in range(4)] == [0.0, 30.0, 60.0, 90.0]
+    with pytest.raises(ValueError, match="unknown pattern"):
+        delay_of("shuffle", 0, 4, 1.0)
+
+
+def test_released_collectives_show_work_before_the_last_member_arrives() -> None:
+    """Round 44 (2 x H200, `--timing kernel-released`, traces/README.md): with the last member 200 us late, an
+    all-to-all's split is 5-13 % shorter at 4-64 MiB; a send whose receiver is late has moved most of its data by
+    then (the split 25-36 % of together's up to 64 MiB, and at 256 MiB-1 GiB 166-202 us saved, about the delay),
+    whose sender is late nothing; an all-reduce is shortened at most 4.5 %; the collectives' saving is all there at
+    50 us late and no larger at 1,000; no member saves more than it waited; members together repeat across the two
+    leases within 2.1 %."""
+    from tests.conftest import TRACES, load_benchmark
+
+    bench = load_benchmark("released_collectives")
+    paths = [TRACES / "h200" / "_campaigns" / "x2-round44" / "released.tar.xz"]
+    every = bench.table(paths)
+    assert set(every["group_size"]) == {2} and (every["saved_us"] < every["late_us"] * 1.05).all()
+    df = every[(every["late_us"] == 200) & (every["late_member"] == -1)]
+    assert len(df) == 5 * 11 and set(df["together_bundle"]) == {"collectives-2gpu-released-0"}
+    mib, kind = df["bytes"] / 2**20, df["kind"]
+    assert df.loc[(kind == "all_to_all") & mib.between(4, 64), "late/together"].between(0.85, 0.95).all()
+    assert df.loc[(kind == "send_recv") & (mib <= 64), "late/together"].between(0.2, 0.4).all()
+    assert df.loc[(kind == "send_recv") & (mib >= 256), "saved_us"].between(150, 210).all()
+    assert (df.loc[kind == "all_reduce", "late/together"] > 0.95).all()
+    sender = every[every["late_member"] == 0]
+    assert set(sender["kind"]) == {"send_recv"} and len(sender) == 11 and (sender["late/together"] >= 1.0).all()
+    by_delay = every[(every["kind"] != "send_recv") & (every["late_member"] == -1)].pivot_table(
+        index=["kind", "bytes"], columns="late_us", values="late/together")
+    assert ((by_delay[50.0] - by_delay[200.0]).abs() < 0.04).all()
+    assert ((by_delay[1000.0] - by_delay[200.0]).abs() < 0.04).all()
+    rep = bench.repeat(paths).dropna()
+    assert len(rep) == 55 and rep["repeat_pct"].max() < 2.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import ROOT, load_benchmark
+from tests.conftest import load_benchmark
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, stream: int | None = None) -> dict:
@@ -32,14 +32,26 @@ def test_a_rank_summary_counts_the_waits_and_the_host_time_after_them() -> None:
 
 
 def test_every_profiled_mixtral_path_waits_once_per_routing() -> None:
-    """Round 34's one-GPU and TP 2 + SP raw traces (committed as their summary) and mixtral-ep2-mbs2-raw's:
+    """Round 34's one-GPU and TP 2 + SP raw traces and mixtral-ep2-mbs2-raw's (each committed as its summary):
     the routing copies on a side stream, 2 or 5 a routing, and one event wait per MoE layer forward and
     micro-batch (2 layers; 2, 4 and 1 micro-batches)."""
     waits = load_benchmark("routing_waits")
-    runs = {s["run"]: s for s in json.loads(waits.SUMMARY.read_text())}
-    runs["mixtral-ep2-mbs2-raw"] = waits.summarize(ROOT / "traces" / "h200" / "mixtral-ep2-mbs2-raw" / "raw")
+    runs = {s["run"]: s for f in waits.SUMMARIES for s in json.loads(f.read_text())}
     expected = {"mixtral-1gpu-s256-raw34": (2, 4), "mixtral-tp2-sp-s256-raw34": (5, 8), "mixtral-ep2-mbs2-raw": (5, 2)}
     for run, (copies, routings) in expected.items():
         for rank in runs[run]["ranks"].values():
             side = [n for s, n in rank["dtoh_copies_by_stream"].items() if s != "7"]
             assert side == [copies * routings] and rank["event_syncs"] == routings, (run, rank)
+
+
+def test_a_dense_pipeline_step_has_no_routing_wait() -> None:
+    """tests/data/h200-pp2-raw (gpt6.7b-pp2-mbs2, the raw traces the tree keeps): no side-stream copy, no event wait,
+    only the optimizer's scalar reads on the compute stream, each waited for by a stream sync."""
+    from tests.conftest import TEST_DATA
+
+    waits = load_benchmark("routing_waits")
+    summary = waits.summarize(TEST_DATA / "h200-pp2-raw")
+    assert summary["run"] == "h200-pp2-raw" and sorted(summary["ranks"]) == ["0", "1"]
+    for rank in summary["ranks"].values():
+        assert list(rank["dtoh_copies_by_stream"]) == ["7"] and rank["event_syncs"] == 0
+        assert rank["stream_syncs"] >= rank["dtoh_copies_by_stream"]["7"] > 0

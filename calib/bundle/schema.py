@@ -38,6 +38,11 @@ KERNEL_COLUMNS = ["rank", "step", "stream", "name", "op_class", "start_s", "time
 COLLECTIVE_COLUMNS = [
     "kind", "group_size", "bytes", "time_s", "wait_s", "transfer_s", "algbw_gbps", "busbw_gbps", "repeats",
 ]
+# How a collectives bundle timed its calls (manifest notes.timing_method, measure/collectives.py): by their NCCL
+# kernels (back to back, or each alone with the training steps' transfer split), or with CUDA events (launch floor
+# included; "events": bundles written before notes.timing_method).
+KERNEL_TIMING_METHODS = ("kernel", "kernel-isolated")
+EVENT_TIMING_METHODS = ("events", "events-one-call", "events-loop")
 # The host's pace beside a training run (measure/telemetry/host_pace.py): when a sample started (t_s,
 # the steps' clock) and how long a fixed pure-Python workload took then (work_s): larger is slower.
 HOST_PACE_COLUMNS = ["t_s", "work_s"]

@@ -106,7 +106,9 @@ def collectives(
     group_sizes: str = typer.Option("2,4,8", "--group-sizes"),
     warmup: int = typer.Option(5, "--warmup"), repeats: int = typer.Option(20, "--repeats"),
     iters: int = typer.Option(1, "--iters", help="back-to-back collectives per timed window (1: one call on an idle GPU, launch floor included, as the committed calibration data; 20: nccl-tests' way)"),
-    timing: str = typer.Option("events", "--timing", help="events: CUDA events around each timed window; kernel: each call's NCCL kernel from the CUDA profiler, the time the simulator consumes (no launch floor), calls back to back; kernel-isolated: the same, each call alone on an idle GPU, its transfer split as a training step's"),
+    timing: str = typer.Option("events", "--timing", help="events: CUDA events around each timed window; kernel: each call's NCCL kernel from the CUDA profiler, the time the simulator consumes (no launch floor), calls back to back; kernel-isolated: the same, each call alone on an idle GPU, its transfer split as a training step's; kernel-released: each call's members released together on the GPU, the last one --late-us after (not fitted yet)"),
+    late_us: float = typer.Option(0.0, "--late-us", help="with --timing kernel-released: the late member's delay (us) after the others"),
+    late_member: int = typer.Option(-1, "--late-member", help="with --timing kernel-released: which member of each group is late (-1: the last, a send/recv's receiver; 0: the first, its sender)"),
     device: str = typer.Option("cuda", "--device"), master_port: int = typer.Option(29700, "--master-port"),
     overwrite: bool = typer.Option(False, "--overwrite"),
 ) -> None:
@@ -118,7 +120,8 @@ def collectives(
     sizes = default_sizes(min_bytes, max_bytes, factor, per_doubling, align)
     gs = _int_list(group_sizes, "--group-sizes")
     _summary(measure_collectives(out, n, device, sizes, [k.strip() for k in kinds.split(",") if k.strip()], gs,
-                                 warmup, repeats, master_port, overwrite=overwrite, iters=iters, timing=timing))
+                                 warmup, repeats, master_port, overwrite=overwrite, iters=iters, timing=timing,
+                                 late_us=late_us, late_member=late_member))
 
 
 @measure_app.command("kernels")

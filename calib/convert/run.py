@@ -12,7 +12,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from calib.chakra.codec import encode, write_bytes_atomic, write_et
@@ -38,8 +40,19 @@ class RunConversion:
     builds: dict[int, RankBuild] = field(default_factory=dict, repr=False)
 
 
+def transfer_split(starts: Any, durations: Any) -> tuple[Any, Any]:
+    """(wait, transfer) of each member of a collective call from its kernel's start and duration (one clock): the
+    transfer starts when the last member arrives, so a member waits that long, at most its whole kernel.
+
+    Arrays of members (axis 0), or of members x calls; measure.collectives times its harness's calls this way too.
+    """
+    start, dur = np.asarray(starts), np.asarray(durations)
+    wait = np.minimum(start.max(axis=0) - start, dur)
+    return wait, dur - wait
+
+
 def _align(builds: dict[int, RankBuild]) -> None:
-    """wait/transfer split: the same call (pg, seq) on every member; transfer starts when the last arrives.
+    """The wait/transfer split of the same call (pg, seq) on every member (`transfer_split`).
 
     Assumes the ranks' clocks agree (one host: Kineto converts GPU times to the host clock).
     Calls whose peers' traces are missing keep no split.
@@ -52,11 +65,10 @@ def _align(builds: dict[int, RankBuild]) -> None:
         expected = 2 if key[0] == "p2p" else group[0].op.comm.group_size  # type: ignore[union-attr]
         if len({ci.rank for ci in group}) != expected or len(group) != expected:
             continue
-        last = max(ci.start_ns for ci in group)
-        for ci in group:
-            wait = min(max(0, last - ci.start_ns), ci.dur_ns)
-            ci.node.set_attr("wait_ns", wait)
-            ci.node.set_attr("transfer_ns", ci.dur_ns - wait)
+        waits, transfers = transfer_split([ci.start_ns for ci in group], [ci.dur_ns for ci in group])
+        for ci, wait, transfer in zip(group, waits, transfers, strict=True):
+            ci.node.set_attr("wait_ns", int(wait))
+            ci.node.set_attr("transfer_ns", int(transfer))
 
 
 def _comm_groups(builds: dict[int, RankBuild]) -> dict[int, list[int]]:

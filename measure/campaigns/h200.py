@@ -469,6 +469,18 @@ ROUND41_X4 = ["collectives-4gpu-dense-a4k", "collectives-4gpu-dense-a4k-b"]
 # round 42).
 ROUND42_X4 = {"collectives-4gpu-dense-iso": "kernel-isolated", "collectives-4gpu-dense-b2b": "kernel",
               "collectives-4gpu-dense-iso-b": "kernel-isolated"}
+# Round 44 (fifty-first session): round 43's probe found an all-to-all's split 5-14 % shorter when its members arrive
+# 200 us or more apart; the harness's released timing (each call's members released together on the GPU, the last
+# one `late_us` after) asks the same of every kind at sizes by factors of 2, together and apart, on one lease: groups
+# of 2 on 2 x H200, groups of 2 and 4 on 4 x H200. calib fit refuses these bundles (timing_method kernel-released)
+# until the model reads them. Id -> (GPUs, group sizes, the late member's delay in us, more flags). A second call
+# added 50 and 1,000 us (how the saving grows with the delay), a send/recv whose sender is late, and the members
+# together again on that lease.
+ROUND44 = {"collectives-2gpu-released-0": (2, "2", 0.0, ()), "collectives-2gpu-released-200": (2, "2", 200.0, ()),
+           "collectives-4gpu-released-0": (4, "2,4", 0.0, ()), "collectives-4gpu-released-200": (4, "2,4", 200.0, ()),
+           "collectives-2gpu-released-50": (2, "2", 50.0, ()), "collectives-2gpu-released-1000": (2, "2", 1000.0, ()),
+           "collectives-2gpu-released-200-sender": (2, "2", 200.0, ("--kinds", "send_recv", "--late-member", "0")),
+           "collectives-2gpu-released-0-b": (2, "2", 0.0, ())}
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -495,7 +507,7 @@ def collectives_job(rid: str, gpus: int, out: Path, *flags: str, est_s: float, t
 
 def kernel_timed(timing: str = "kernel") -> tuple[str, ...]:
     """Each of 50 calls timed by its NCCL kernel under the CUDA profiler (measure/collectives.py): back to back
-    ("kernel") or each alone ("kernel-isolated")."""
+    ("kernel"), each alone ("kernel-isolated") or released together ("kernel-released")."""
     return ("--timing", timing, "--repeats", "50")
 
 
@@ -513,6 +525,15 @@ def dense_collectives(rid: str, gpus: int, out: Path, group_sizes: str, align: i
     `align` bytes, each call timed by its NCCL kernel (50 calls; `timing` "kernel-isolated": each alone)."""
     return collectives_job(rid, gpus, out, "--per-doubling", "4", "--align", str(align), "--min-bytes", str(2**18),
                            "--group-sizes", group_sizes, *kernel_timed(timing), est_s=est_s, timeout_s=timeout_s)
+
+
+def released_collectives(rid: str, gpus: int, out: Path, group_sizes: str, late_us: float, *flags: str) -> Job:
+    """The collectives by factors of 2 from 1 MiB to 1 GiB at `group_sizes`, 50 calls each, every call's members
+    released together on the GPU and one member (the group's last unless `flags` say) `late_us` after
+    (measure/collectives.py)."""
+    return collectives_job(rid, gpus, out, "--factor", "2", "--min-bytes", str(2**20), "--group-sizes", group_sizes,
+                           *kernel_timed("kernel-released"), "--late-us", f"{late_us:g}", *flags, est_s=120,
+                           timeout_s=300)
 
 
 def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout: float, total_gpus: int = 8) -> list[Job]:
@@ -593,6 +614,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [dense_collectives(r, 4, out, "4", 4096) for r in ROUND41_X4]
     jobs += [dense_collectives(r, 4, out, "2,4", 4096, est_s=200, timing=how, timeout_s=450)
              for r, how in ROUND42_X4.items()]
+    jobs += [released_collectives(r, gpus, out, groups, late, *flags) for r, (gpus, groups, late, flags) in ROUND44.items()]
     return jobs
 
 

@@ -25,11 +25,11 @@ benchmarks/a2a_context.py reads it with both conventions.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from measure.probes.nccl_probe import probe_main, save
 
 SIZES_MIB = (8.0, 9.5, 16.0, 32.0, 64.0)
 CONTEXTS = ("harness", "isolated", "after_write", "after_gemm", "uneven")
@@ -130,19 +130,12 @@ def run(out_dir: Path) -> None:
         dist.barrier()
         torch.cuda.empty_cache()
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "a2a_context.json").write_text(json.dumps({
-            "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "warmup": WARMUP, "repeats": REPEATS,
-            "results": results}))
+        save(out_dir, "a2a_context", torch, dev, warmup=WARMUP, repeats=REPEATS, results=results)
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    run(p.parse_args(argv).out)
-    return 0
+    return probe_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":
