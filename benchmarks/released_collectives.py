@@ -1,13 +1,15 @@
 """Round 44: every collective with its members released together on the GPU, and with one member late
 (`calib measure collectives --timing kernel-released --late-us N`), by the training steps' split.
 
-    python benchmarks/released_collectives.py [ROUND (folder of bundles or .tar.xz) ...]
+    python benchmarks/released_collectives.py [ROUND (folder of bundles or .tar.xz) ...] [--training]
 
 Default: the committed rounds (traces/h200/_campaigns/x2-round44/released.tar.xz). Per host, group size, delay,
 late member, kind and size (>= 1 MiB): the split with the members together (the together bundle of the same device
 call) and with one late, their ratio, and the time the late member's wait saved (together less late), in us; then
 how the together bundles of two leases repeat. A ratio under 1 is work the members already in the kernel did
 before the last arrived, which a simulator that starts a collective when its last member arrives does not see.
+`--training`: the H200 training steps' 2-GPU calls against the harness with the members together and with one late,
+by how far apart the call's members arrived.
 """
 
 from __future__ import annotations
@@ -85,8 +87,77 @@ def repeat(paths: list[Path]) -> pd.DataFrame:
                       axis=1).rename("repeat_pct").reset_index()
 
 
+def training_calls(traces: Path = ROOT / "traces" / "h200", group_size: int = 2) -> pd.DataFrame:
+    """Every profiled training call of `group_size` members at >= 1 MiB in the training bundles under `traces`: its
+    kind (calib.models.network.normalize_kind), bytes, split (mean over the members of transfer_s), how far apart the
+    members arrived (the largest wait, us) and, for a send/recv, whether the receiver arrived last."""
+    from calib.models.network import normalize_kind
+
+    rows = []
+    for f in sorted(traces.glob("*/collectives.parquet")):
+        c = pd.read_parquet(f)
+        if not {"pg_name", "seq", "wait_s"} <= set(c.columns):
+            continue  # a microbenchmark bundle's table
+        c = c[(c["group_size"] == group_size) & (c["bytes"] >= 2**20) & c["wait_s"].notna()]
+        for _, g in c.groupby(["pg_name", "seq"]):
+            if len(g) != group_size:
+                continue
+            last = g.loc[g["wait_s"].idxmin()]
+            rows.append({"run": f.parent.name, "kind": normalize_kind(str(g["kind"].iloc[0])), "bytes": g["bytes"].max(),
+                         "split_us": g["transfer_s"].mean() * 1e6, "spread_us": g["wait_s"].max() * 1e6,
+                         "receiver_last": last["kind"] == "recv"})
+    return pd.DataFrame(rows)
+
+
+def harness_at(points: pd.DataFrame, kind: str, nbytes: float) -> float:
+    """A released bundle's split (us) at `nbytes`, log-log between its sizes (factors of 2), NaN outside them."""
+    import numpy as np
+
+    p = points[points["kind"] == kind].sort_values("bytes")
+    if p.empty or not p["bytes"].min() <= nbytes <= p["bytes"].max():
+        return float("nan")
+    return float(np.exp(np.interp(np.log(nbytes), np.log(p["bytes"]), np.log(p["transfer_s"] * 1e6))))
+
+
+def against_training(paths: list[Path], traces: Path = ROOT / "traces" / "h200", apart_us: float = 50.0) -> pd.DataFrame:
+    """Each 2-GPU training call against the 2-GPU released harness: members together (late 0) and one member 200 us
+    late (the receiver, or for a send/recv whose sender arrived last, the sender); the call counts as apart when its
+    members arrived more than `apart_us` apart (the collectives' head start is all there by 50 us late). Per kind and
+    arrival: calls, the median training / harness ratio for each harness, and which is closer on the mean."""
+    from calib.models.network import normalize_kind
+
+    df = pd.concat([read(p) for p in paths], ignore_index=True)
+    df = df[df["host_gpus"] == 2].assign(kind=lambda d: [normalize_kind(k) for k in d["kind"]])
+    first = df["created"].min()
+    call1 = df[(df["created"] - first).dt.total_seconds() < 180]  # the first device call: together and 200 us late
+    together = call1[call1["late_us"] == 0]
+    late = call1[(call1["late_us"] == 200) & (call1["late_member"] == -1)]
+    sender_late = df[(df["late_us"] == 200) & (df["late_member"] == 0)]
+    calls = training_calls(traces)
+    rows = []
+    for _, c in calls.iterrows():
+        apart = c["spread_us"] > apart_us
+        late_pts = sender_late if c["kind"] == "sendrecv" and not c["receiver_last"] else late
+        rows.append({"kind": c["kind"] + ("" if c["kind"] != "sendrecv" else
+                                          " (receiver last)" if c["receiver_last"] else " (sender last)"),
+                     "arrival": "apart" if apart else "together", "split_us": c["split_us"],
+                     "together_us": harness_at(together, c["kind"], c["bytes"]),
+                     "late_us": harness_at(late_pts, c["kind"], c["bytes"])})
+    out = pd.DataFrame(rows).dropna()
+    out["vs_together"] = out["split_us"] / out["together_us"]
+    out["vs_late"] = out["split_us"] / out["late_us"]
+    out["err_together_pct"] = (out["together_us"] / out["split_us"] - 1).abs() * 100
+    out["err_late_pct"] = (out["late_us"] / out["split_us"] - 1).abs() * 100
+    return (out.groupby(["kind", "arrival"])
+            .agg(calls=("split_us", "size"), median_vs_together=("vs_together", "median"),
+                 median_vs_late=("vs_late", "median"), err_together_pct=("err_together_pct", "mean"),
+                 err_late_pct=("err_late_pct", "mean"))
+            .round(3).reset_index())
+
+
 def main(argv: list[str]) -> int:
-    paths = [Path(a) for a in argv] or DEFAULTS
+    training = "--training" in argv
+    paths = [Path(a) for a in argv if a != "--training"] or DEFAULTS
     df = table(paths)
     pd.set_option("display.width", 220)
     df["MiB"] = df["bytes"] / 2**20
@@ -100,6 +171,9 @@ def main(argv: list[str]) -> int:
     if len(rep):
         print("\nmembers together on two leases, |repeat / first - 1| %: mean "
               f"{rep['repeat_pct'].mean():.2f}, max {rep['repeat_pct'].max():.2f} ({len(rep)} points)")
+    if training:
+        print("\nthe H200 training steps' 2-GPU calls >= 1 MiB against the 2-GPU released harness (first call):")
+        print(against_training(paths).to_string(index=False))
     return 0
 
 

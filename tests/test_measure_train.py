@@ -384,3 +384,22 @@ def test_released_collectives_show_work_before_the_last_member_arrives() -> None
     assert ((by_delay[1000.0] - by_delay[200.0]).abs() < 0.04).all()
     rep = bench.repeat(paths).dropna()
     assert len(rep) == 55 and rep["repeat_pct"].max() < 2.5
+
+
+def test_training_calls_whose_members_arrived_apart_run_as_the_late_harness() -> None:
+    """Round 44 against the H200 training steps' 2-GPU calls (traces/README.md): all-to-alls whose members arrived
+    more than 50 us apart are closer to the harness with a member late, those that arrived together to the harness
+    with the members together; the one send whose receiver arrived last is the late-receiver harness's, not the
+    together one's; sends whose sender arrived last run about 1.4x the harness's either way."""
+    from tests.conftest import TRACES, load_benchmark
+
+    bench = load_benchmark("released_collectives")
+    t = bench.against_training([TRACES / "h200" / "_campaigns" / "x2-round44" / "released.tar.xz"])
+    t = t.set_index(["kind", "arrival"])
+    a2a_apart, a2a_together = t.loc[("alltoall", "apart")], t.loc[("alltoall", "together")]
+    assert a2a_apart["calls"] >= 100 and a2a_together["calls"] >= 10
+    assert a2a_apart["err_late_pct"] < a2a_apart["err_together_pct"] - 1
+    assert a2a_together["err_together_pct"] < a2a_together["err_late_pct"] - 1
+    receiver_last = t.loc[("sendrecv (receiver last)", "apart")]
+    assert receiver_last["err_late_pct"] < 10 < receiver_last["err_together_pct"]
+    assert t.loc[("sendrecv (sender last)", "apart"), "median_vs_together"] > 1.3
