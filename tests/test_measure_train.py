@@ -403,3 +403,18 @@ def test_training_calls_whose_members_arrived_apart_run_as_the_late_harness() ->
     receiver_last = t.loc[("sendrecv (receiver last)", "apart")]
     assert receiver_last["err_late_pct"] < 10 < receiver_last["err_together_pct"]
     assert t.loc[("sendrecv (sender last)", "apart"), "median_vs_together"] > 1.3
+
+
+def test_a_send_batched_with_a_receive_is_slower_than_one_way() -> None:
+    """measure.probes.p2p_batched on 2 x H200 (traces/README.md, round 44): a send batched with a receive of the other
+    direction (megatron-core's steady 1F1B) takes 1.18-1.29x a one-way send with the ranks together at 4-128 MiB; a
+    late sender saves nothing one way."""
+    from tests.conftest import TRACES, load_benchmark
+
+    df = load_benchmark("p2p_batched").table(TRACES / "h200" / "_probes" / "p2p-batched-1" / "p2p_batched.json.xz")
+    assert len(df) == 5 * 2 * 2
+    together = df[df["delay_us"] == 0]
+    assert (together["spread_us"] < 5).all()
+    assert together.loc[together["mode"] == "both_ways", "vs_one_way"].between(1.15, 1.35).all()
+    one = df[df["mode"] == "one_way"].pivot_table(index="MiB", columns="delay_us", values="split_us")
+    assert (one[200.0] / one[0.0]).between(0.99, 1.1).all()
