@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from measure.probes.nccl_probe import probe_main, save
+from measure.probes.nccl_probe import finish, probe_main
 
 SIZES_MIB = (8.0, 9.5, 16.0, 32.0, 64.0)
 CONTEXTS = ("harness", "isolated", "after_write", "after_gemm", "uneven")
@@ -129,9 +129,7 @@ def run(out_dir: Path) -> None:
                                     "calls": [t.cpu().tolist() for t in every]})
         dist.barrier()
         torch.cuda.empty_cache()
-    if rank == 0:
-        save(out_dir, "a2a_context", torch, dev, warmup=WARMUP, repeats=REPEATS, results=results)
-    dist.destroy_process_group()
+    finish(out_dir, "a2a_context", torch, dist, dev, warmup=WARMUP, repeats=REPEATS, results=results)
 
 
 def main(argv: list[str] | None = None) -> int:

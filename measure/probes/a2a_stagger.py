@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from measure.probes.nccl_probe import probe_main, save
+from measure.probes.nccl_probe import finish, probe_main
 
 SIZES_MIB = (8.0, 16.0, 32.0, 64.0)
 DELAYS_US = (0.0, 20.0, 50.0, 100.0, 200.0, 500.0, 2000.0)
@@ -105,10 +105,8 @@ def run(out_dir: Path) -> None:
                                         "calls": [t.cpu().tolist() for t in every]})
         dist.barrier()
         torch.cuda.empty_cache()
-    if rank == 0:
-        save(out_dir, "a2a_stagger", torch, dev, warmup=WARMUP, repeats=REPEATS, sleep_cycles_per_us=per_us,
+    finish(out_dir, "a2a_stagger", torch, dist, dev, warmup=WARMUP, repeats=REPEATS, sleep_cycles_per_us=per_us,
              results=results)
-    dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

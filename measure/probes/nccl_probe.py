@@ -17,6 +17,13 @@ def save(out_dir: Path, name: str, torch: Any, device: Any, **fields: Any) -> No
         "nccl": ".".join(map(str, torch.cuda.nccl.version())), **fields}))
 
 
+def finish(out_dir: Path, name: str, torch: Any, dist: Any, device: Any, **fields: Any) -> None:
+    """Rank 0 saves the probe's JSON (`save`); every rank then leaves the process group."""
+    if dist.get_rank() == 0:
+        save(out_dir, name, torch, device, **fields)
+    dist.destroy_process_group()
+
+
 def probe_main(run: Callable[[Path], None], doc: str, argv: list[str] | None = None) -> int:
     """`--out DIR`, then run(DIR) on this rank (under torchrun)."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])

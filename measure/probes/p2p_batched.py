@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from measure.probes.nccl_probe import probe_main, save
+from measure.probes.nccl_probe import finish, probe_main
 
 SIZES_MIB = (4.0, 16.0, 32.0, 64.0, 128.0)
 MODES = ("one_way", "both_ways")
@@ -94,10 +94,8 @@ def run(out_dir: Path) -> None:
                 if rank == 0:
                     results.append({"mib": mib, "bytes": int(mib * 2**20) // 2 * 2, "mode": mode, "delay_us": delay,
                                     "calls": [t.cpu().tolist() for t in every]})
-    if rank == 0:
-        save(out_dir, "p2p_batched", torch, dev, warmup=WARMUP, repeats=REPEATS, sleep_cycles_per_us=per_us,
+    finish(out_dir, "p2p_batched", torch, dist, dev, warmup=WARMUP, repeats=REPEATS, sleep_cycles_per_us=per_us,
              results=results)
-    dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
