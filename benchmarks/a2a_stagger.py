@@ -26,10 +26,9 @@ DEFAULT = ROOT / "traces" / "h200" / "_probes" / "a2a-stagger-2" / "a2a_stagger.
 def call_rows(calls: list[list[list[float]]]) -> pd.DataFrame:
     """Per call: arrival spread, training split (mean over members) and the last member's kernel, in us."""
     from calib.convert.run import transfer_split
+    from measure.collectives import call_starts
 
-    t = np.asarray(calls, dtype=float)  # members x calls x (base us, start us, dur us)
-    start = (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1]
-    dur = t[:, :, 2]
+    start, dur = call_starts(calls)
     _, transfer = transfer_split(start, dur)
     last = start.argmax(axis=0)
     return pd.DataFrame({"spread_us": start.max(axis=0) - start.min(axis=0), "split_us": transfer.mean(axis=0),

@@ -24,13 +24,13 @@ DEFAULT = ROOT / "traces" / "h200" / "_probes" / "p2p-batched-1" / "p2p_batched.
 
 def table(path: Path) -> pd.DataFrame:
     from calib.convert.run import transfer_split
+    from measure.collectives import call_starts
 
     raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
     rows = []
     for r in json.loads(raw)["results"]:
-        t = np.asarray(r["calls"], dtype=float)  # ranks x calls x (base us, start us, dur us)
-        start = (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1]
-        _, transfer = transfer_split(start, t[:, :, 2])
+        start, dur = call_starts(r["calls"])
+        _, transfer = transfer_split(start, dur)
         rows.append({"MiB": r["mib"], "mode": r["mode"], "delay_us": r["delay_us"],
                      "spread_us": float(np.median(start.max(axis=0) - start.min(axis=0))),
                      "split_us": float(np.median(transfer.mean(axis=0)))})

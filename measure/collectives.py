@@ -139,11 +139,12 @@ def cycles_per_us(torch: Any) -> float:
     return 2_000_000 / (start.elapsed_time(end) * 1e3)
 
 
-def _released_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any,
-                    late_cycles: int) -> list[tuple[float, float, float]]:
+def released_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: int, dist: Any, group: Any,
+                   late_cycles: int, per_us: float) -> list[tuple[float, float, float]]:
     """`nccl_kernels` of `repeats` calls, each after a one-element all-reduce that releases the members together on
-    the GPU, this member sleeping `late_cycles` first (the group's last member, or nobody); the releases' kernels,
-    every other one in launch order, are left out."""
+    the GPU, this member sleeping `late_cycles` first (the late member, or nobody), all queued behind a HEAD_START_US
+    GPU sleep (`per_us`: `cycles_per_us`); the releases' kernels, every other one in launch order, are left out.
+    The harness's `--timing kernel-released` and the probes measure.probes.a2a_stagger and p2p_batched."""
     flag = torch.zeros(1, dtype=torch.float32, device=torch.device("cuda", torch.cuda.current_device()))
 
     def call() -> None:
@@ -155,7 +156,7 @@ def _released_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: 
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
-    head = int(HEAD_START_US * cycles_per_us(torch))
+    head = int(HEAD_START_US * per_us)
 
     def calls() -> None:
         torch.cuda._sleep(head)
@@ -190,17 +191,22 @@ def _kernel_calls(torch: Any, op: Callable[[], object], warmup: int, repeats: in
     return kernels
 
 
+def call_starts(calls: Any) -> tuple[Any, Any]:
+    """(starts, durations) in us, members x calls, on one clock, from members x calls x (trace base us, start us from
+    it, duration us) as `nccl_kernels` gives them per member."""
+    import numpy as np
+
+    t = np.asarray(calls, dtype=float)
+    return (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1], t[:, :, 2]
+
+
 def call_times(calls: Any) -> tuple[Any, Any, Any]:
     """Per call, from members x calls x (trace base us, start us, duration us): the longest member's kernel, the
     shortest's, and the training steps' transfer (calib.convert.run.transfer_split, averaged over the members as
     calib.models.network_points merges a training call's ranks), in seconds."""
-    import numpy as np
-
     from calib.convert.run import transfer_split
 
-    t = np.asarray(calls, dtype=float)
-    start = (t[:, :, 0] - t[:, :, 0].min()) + t[:, :, 1]
-    dur = t[:, :, 2]
+    start, dur = call_starts(calls)
     _, transfer = transfer_split(start, dur)
     return dur.max(axis=0) * 1e-6, dur.min(axis=0) * 1e-6, transfer.mean(axis=0) * 1e-6
 
@@ -230,7 +236,8 @@ def _bench(args: dict) -> None:
     iters = int(args.get("iters", 1))  # collectives per timed window
     timing = args.get("timing", "events")
     kernel_timing = timing in (*KERNEL_TIMING_METHODS, RELEASED)
-    late_cycles = int(float(args.get("late_us", 0.0)) * cycles_per_us(torch)) if timing == RELEASED else 0
+    per_us = cycles_per_us(torch) if timing == RELEASED else 0.0
+    late_cycles = int(float(args.get("late_us", 0.0)) * per_us)
     results = []
 
     def clock() -> tuple:
@@ -256,8 +263,9 @@ def _bench(args: dict) -> None:
                 if member:
                     op = _make_op(dist, torch, kind, n, count, dtype, dev, group, rank)
                     if timing == RELEASED:
-                        calls = _released_calls(torch, op, args["warmup"], args["repeats"], dist, group,
-                                                late_cycles if rank == int(args.get("late_member", -1)) % n else 0)
+                        calls = released_calls(torch, op, args["warmup"], args["repeats"], dist, group,
+                                               late_cycles if rank == int(args.get("late_member", -1)) % n else 0,
+                                               per_us)
                         mine = torch.tensor(calls, dtype=torch.float64, device=dev)
                     elif kernel_timing:
                         calls = _kernel_calls(torch, op, args["warmup"], args["repeats"], dist, group,

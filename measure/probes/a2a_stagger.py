@@ -15,7 +15,7 @@ on the GPU: per call, a one-element all-reduce lets the members leave together, 
 
 Per group size (2: ranks 0-1; 4: all), size, pattern and delay it keeps every call's all-to-all kernel start and
 duration on every member (Kineto's base and start times: one clock for the host's ranks; the all-reduces left
-out), in DIR/a2a_stagger.json; benchmarks/a2a_stagger.py reads it.
+out: measure.collectives.released_calls), in DIR/a2a_stagger.json; benchmarks/a2a_stagger.py reads it.
 """
 
 from __future__ import annotations
@@ -45,34 +45,15 @@ def delay_of(pattern: str, rank: int, n: int, delay_us: float) -> float:
 def _time(torch: Any, dist: Any, n: int, mib: float, pattern: str, delay_us: float, group: Any,
           per_us: float) -> list[tuple[float, float, float]]:
     """This member's (trace base us, start us, duration us) of REPEATS all-to-alls of `mib` MiB."""
-    from measure.collectives import HEAD_START_US, nccl_kernels
+    from measure.collectives import released_calls
 
     rank, dev = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     count = int(mib * 2**20) // 2 // n * n
     inp = torch.randn(count, dtype=torch.bfloat16, device=dev)
     outp = torch.empty(count, dtype=torch.bfloat16, device=dev)
-    flag = torch.zeros(1, dtype=torch.float32, device=dev)
-    cycles = int(delay_of(pattern, rank, n, delay_us) * per_us)
-
-    def call() -> None:
-        dist.all_reduce(flag, group=group)
-        if cycles:
-            torch.cuda._sleep(cycles)
-        dist.all_to_all_single(outp, inp, group=group)
-
-    def calls() -> None:
-        torch.cuda._sleep(int(HEAD_START_US * per_us))  # the host enqueues every call before the first runs
-        for _ in range(REPEATS):
-            call()
-
-    for _ in range(WARMUP):
-        call()
-    torch.cuda.synchronize()
-    kernels = nccl_kernels(torch, calls, exclude="AllReduce")
-    if len(kernels) != REPEATS:
-        raise RuntimeError(f"group of {n}, {mib} MiB, {pattern} {delay_us} us: {len(kernels)} all-to-all kernels "
-                           f"for {REPEATS} calls")
-    return kernels
+    late_cycles = int(delay_of(pattern, rank, n, delay_us) * per_us)
+    return released_calls(torch, lambda: dist.all_to_all_single(outp, inp, group=group), WARMUP, REPEATS, dist, group,
+                          late_cycles, per_us)
 
 
 def run(out_dir: Path) -> None:

@@ -41,34 +41,19 @@ def _ops(dist: Any, mode: str, rank: int, send: Any, recv: Any) -> list[Any]:
 
 def _time(torch: Any, dist: Any, mib: float, mode: str, delay_us: float, per_us: float) -> list[tuple[float, float, float]]:
     """This rank's (trace base us, start us, duration us) of REPEATS batched p2p calls of `mib` MiB each way."""
-    from measure.collectives import HEAD_START_US, nccl_kernels
+    from measure.collectives import released_calls
 
     rank, dev = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     count = int(mib * 2**20) // 2
     send = torch.randn(count, dtype=torch.bfloat16, device=dev)
     recv = torch.empty(count, dtype=torch.bfloat16, device=dev)
-    flag = torch.zeros(1, dtype=torch.float32, device=dev)
-    cycles = int(delay_us * per_us) if rank == 0 else 0
 
     def call() -> None:
-        dist.all_reduce(flag)
-        if cycles:
-            torch.cuda._sleep(cycles)
         for w in dist.batch_isend_irecv(_ops(dist, mode, rank, send, recv)):
             w.wait()
 
-    def calls() -> None:
-        torch.cuda._sleep(int(HEAD_START_US * per_us))
-        for _ in range(REPEATS):
-            call()
-
-    for _ in range(WARMUP):
-        call()
-    torch.cuda.synchronize()
-    kernels = nccl_kernels(torch, calls, exclude="AllReduce")
-    if len(kernels) != REPEATS:
-        raise RuntimeError(f"{mode}, {mib} MiB, {delay_us} us: {len(kernels)} p2p kernels for {REPEATS} calls")
-    return kernels
+    return released_calls(torch, call, WARMUP, REPEATS, dist, dist.group.WORLD,
+                          int(delay_us * per_us) if rank == 0 else 0, per_us)
 
 
 def run(out_dir: Path) -> None:
