@@ -109,10 +109,9 @@ def _make_op(dist: Any, torch: Any, kind: str, n: int, count: int, dtype: Any, d
     return lambda: dist.all_reduce(buf, group=group)
 
 
-def nccl_kernels(torch: Any, calls: Callable[[], None], exclude: str = "") -> list[tuple[float, float, float]]:
+def nccl_kernels(torch: Any, calls: Callable[[], None]) -> list[tuple[float, float, float]]:
     """(trace base us, start us from it, duration us) of the NCCL kernels `calls` launches, in launch order, from a
-    CUDA profile of just them (the base keeps the starts exact; one clock for the host's ranks); `exclude`: leave
-    out kernels whose name holds it (a probe's own barriers)."""
+    CUDA profile of just them (the base keeps the starts exact; one clock for the host's ranks)."""
     import tempfile
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -124,8 +123,7 @@ def nccl_kernels(torch: Any, calls: Callable[[], None], exclude: str = "") -> li
         data = json.loads(path.read_text())
     base_us = int(data.get("baseTimeNanoseconds", 0) or 0) / 1e3
     return sorted((base_us, float(e["ts"]), float(e["dur"])) for e in data.get("traceEvents", [])
-                  if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()
-                  and not (exclude and exclude in str(e.get("name", ""))))
+                  if e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower())
 
 
 def cycles_per_us(torch: Any) -> float:
