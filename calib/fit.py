@@ -21,11 +21,21 @@ import numpy as np
 import pandas as pd
 
 from calib.bundle.io import Bundle, check_bundle
-from calib.bundle.schema import EVENT_TIMING_METHODS, KERNEL_TIMING_METHODS
+from calib.bundle.schema import EVENT_TIMING_METHODS, KERNEL_BENCH_METHODS, KERNEL_TIMING_METHODS
 from calib.calibration import Calibration
 from calib.errors import CalibError
 from calib.models.clock import ClockModel, clock_points
-from calib.models.common import NO_MODEL, ErrorStat, cross_validate, error_stat, group_folds, kfold_indices
+from calib.models.common import (
+    BENCH_SOURCES,
+    EVENT_BENCH,
+    KERNEL_BENCH,
+    NO_MODEL,
+    ErrorStat,
+    cross_validate,
+    error_stat,
+    group_folds,
+    kfold_indices,
+)
 from calib.models.kernel import (
     BYTES_NOT_TRAFFIC,
     OP_CLASSES,
@@ -128,10 +138,28 @@ def select_bundles(bundles: Sequence[Bundle], opts: FitOptions) -> list[Bundle]:
 # ---- kernels ---------------------------------------------------------------------------------
 
 
+def _bench_timing(b: Bundle) -> str:
+    return str((b.manifest.notes or {}).get("timing_method", "events"))
+
+
+def superseded_kernel_benches(bundles: Sequence[Bundle]) -> list[Bundle]:
+    """Kernel microbenchmarks timed by CUDA events where a kernel-timed kernels bundle of the same GPU model is
+    there too: the latter times the same shapes as the steps' kernels are timed, where an event pair around one
+    call also times the host's dispatch of small kernels and ten calls back to back hold the GPU at its power cap
+    (measure/kernels.py, IDLE_GAP_S). Not fitted."""
+    timed = {gpu_family(b.manifest.gpu.name) for b in bundles if b.manifest.kind == "kernels" and _bench_timing(b) == "kernel"}
+    return [b for b in bundles if b.manifest.kind == "kernels" and _bench_timing(b) == "events"
+            and gpu_family(b.manifest.gpu.name) in timed]
+
+
 def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
-    """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles."""
+    """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles, less the
+    superseded microbenchmarks (`superseded_kernel_benches`)."""
     frames, used = [], []
+    superseded = {b.id for b in superseded_kernel_benches(bundles)}
     for b in bundles:
+        if b.id in superseded:
+            continue
         df = b.derived("kernel_rows", lambda b=b: _kernel_frame(b))
         if df is not None:
             frames.append(df)
@@ -151,12 +179,20 @@ def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
     df = df[keep]
     if df.empty:
         return None
-    # Microbenchmark times carry the CUDA-event floor of a single launch; the model fits
-    # that floor apart from the profiled steps' (back-to-back kernels).
-    bench = b.manifest.kind == "kernels"
-    df = df if bench else embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
-    return (df if bench else shared_pieces(df)).assign(
-        bundle=b.id, source="bench" if bench else "trace", layout=memory_layouts(df, bench))
+    # Event-timed microbenchmarks carry the CUDA-event floor of a single launch, fitted apart from the
+    # profiled steps' (back-to-back kernels); kernel-timed ones are rows of a converted profile, as the
+    # steps' are: kernel names, split-K reductions and op instances are read as theirs.
+    if b.manifest.kind == "kernels":
+        method = _bench_timing(b)
+        if method not in KERNEL_BENCH_METHODS:
+            raise CalibError(f"bundle {b.id}: kernels timed by {method!r}, which calib fit does not read "
+                             f"(known: {', '.join(KERNEL_BENCH_METHODS)})")
+        if method == "events":
+            return df.assign(bundle=b.id, source=EVENT_BENCH, layout=memory_layouts(df, True))
+        df = split_k_reductions(df)
+        return df.assign(bundle=b.id, source=KERNEL_BENCH, layout=memory_layouts(df, False))
+    df = embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
+    return shared_pieces(df).assign(bundle=b.id, source="trace", layout=memory_layouts(df, False))
 
 
 def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -338,8 +374,9 @@ def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[
         if sel.any():
             errors[f"kernel.{c}"] = error_stat(pred[sel], t[sel], method)
     src = shapes["source"].astype(str).to_numpy() if "source" in shapes.columns else np.full(n, "trace")
-    for name, what in (("trace", "profiled training steps"), ("bench", "kernel microbenchmarks")):
-        sel = ok & (src == name)
+    for name, what, sources in (("trace", "profiled training steps", ("trace",)),
+                                 ("bench", "kernel microbenchmarks", BENCH_SOURCES)):
+        sel = ok & np.isin(src, sources)
         if sel.any() and not sel.all():
             errors[f"kernel.{name}"] = error_stat(pred[sel], t[sel], f"{method}, {what} only")
     nowork = np.isfinite(pred) & ~has_work
@@ -378,10 +415,15 @@ def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, mak
     predict the TP=1 shapes (the largest per model) from the TP>1 ones, and the largest model's
     shapes from the other models'. A shape that also occurs in the training part is not scored."""
     out: dict[str, ErrorStat] = {}
-    labelled = rows[rows["name"].astype(str).str.contains("/tp", regex=False)]
+    # A kernel-timed microbenchmark's rows are named by their kernels; its `case` column holds the label.
+    label = rows["name"].astype(str)
+    if "case" in rows.columns:
+        label = rows["case"].where(rows["case"].notna(), label).astype(str)
+    has = label.str.contains("/tp", regex=False)
+    labelled, label = rows[has], label[has]
     if labelled.empty:
         return out
-    pairs = pd.DataFrame({"key": shape_keys(labelled).to_numpy(), "name": labelled["name"].astype(str).to_numpy()})
+    pairs = pd.DataFrame({"key": shape_keys(labelled).to_numpy(), "name": label.to_numpy()})
     pairs = pairs.drop_duplicates()
     order = {k: i for i, k in enumerate(shape_keys(shapes).to_numpy())}
     tps: dict[int, set[int]] = {}
@@ -394,7 +436,12 @@ def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, mak
             models.setdefault(i, set()).add(name.split("/")[0])
     n = len(shapes)
 
+    classes = shapes["op_class"].astype(str).to_numpy()
+
     def check(test: np.ndarray, train: np.ndarray, label: str, method: str) -> None:
+        # Only classes the labelled training shapes have: a kernel-timed case's split-K reduction or fill is
+        # labelled by its case too, and nothing labelled of its class may be there to extrapolate from.
+        test = test & np.isin(classes, np.unique(classes[train]))
         if test.sum() < 3 or train.sum() < 8:
             return
         try:
@@ -406,7 +453,7 @@ def _label_holdouts(rows: pd.DataFrame, shapes: pd.DataFrame, t: np.ndarray, mak
     only1 = np.array([tps.get(i) == {1} for i in range(n)])
     no1 = np.array([bool(tps.get(i)) and 1 not in tps[i] for i in range(n)])
     check(only1, no1, "kernel.tp1_from_other_tp", "fit on TP 2/4/8 microbenchmark shapes, predict the TP 1 shapes")
-    sizes = labelled.groupby(labelled["name"].astype(str).str.split("/").str[0])["flops"].max()
+    sizes = labelled.groupby(label.str.split("/").str[0].to_numpy())["flops"].max()
     if len(sizes) >= 2:
         biggest = str(sizes.idxmax())
         test = np.array([models.get(i) == {biggest} for i in range(n)])
@@ -704,6 +751,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
         cal.errors.update(kerr)
         prov["kernel.peaks"] = f"configured: {peaks.source}"
         prov["kernel.classes"] = f"calibrated: {len(kmodel.groups_)} curves ({_short(list(kmodel.groups_), 6, 'curves')}) from {_ids(kb)}"
+        superseded = superseded_kernel_benches(chosen)
+        if superseded:
+            prov["kernel.superseded"] = (f"not fitted: {_ids(superseded)} (kernel microbenchmarks timed by CUDA events; a "
+                                         "kernel-timed kernels bundle of the same GPU times the same shapes kernel by kernel)")
         if kmodel.constants_:
             prov["kernel.constants_s"] = f"calibrated: {len(kmodel.constants_)} measured medians from {_ids(kb)}"
         if kmodel.saturating_:

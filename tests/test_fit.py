@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from fitdata import write_collectives, write_kernels, write_training
 
-from calib.bundle.io import load_bundles
+from calib.bundle.io import Bundle, load_bundles
 from calib.calibration import Calibration
 from calib.cli import main
 from calib.errors import CalibError
@@ -130,3 +132,69 @@ def test_collectives_timed_each_alone_are_kernel_timed_and_an_unknown_method_is_
     manifest.write_text(json.dumps(data))
     with pytest.raises(CalibError, match="unknown method 'kernel-sampled'"):
         collective_points(load_bundles([iso]))
+
+
+def test_kernel_timed_microbenchmarks_are_read_as_profiled_rows(tmp_path: Path) -> None:
+    """A kernels bundle timed kernel by kernel (measure/kernels.py, timing "kernel") holds a converted profile's
+    rows: its split-K reductions become memory-bound rows, its memory kernels carry their operand layout, it
+    fits with the steps' floor (source "bench-kernel", not the event-timed "bench"), is scored as a
+    microbenchmark, and its `case` labels drive the TP extrapolation check. An unknown method is refused."""
+    from fitdata import kernel_frame, labelled_gemm_frame, manifest, memory_time
+
+    from calib.bundle.io import BundleWriter
+    from calib.fit import FitOptions, _kernel_frame, fit_kernels
+    from calib.models.peaks import PEAKS
+
+    gemms = labelled_gemm_frame()
+    rows = gemms.assign(case=gemms["name"], name="nvjet_tst_128x256", start_s=np.arange(len(gemms)) * 1e-3)
+    first = rows.iloc[0]
+    reduce = first.to_dict() | {"name": "void cublasLt::splitKreduce_kernel<32, 16, int, float>", "time_s": 4e-6,
+                                "start_s": first["start_s"] + 1e-4}
+    adds = [{"rank": 0, "step": i, "stream": 7, "name": "void at::native::vectorized_elementwise_kernel<4, add>",
+             "op_class": "memory", "start_s": 9.0 + i, "time_s": memory_time(3 * 2.0**p), "aten_op": "aten::add",
+             "m": np.nan, "n": np.nan, "k": np.nan, "batch": np.nan, "flops": 0.0, "bytes": 3 * 2.0**p,
+             "dtype": "bfloat16", "case": f"add/{2**p}"} for i, p in enumerate(range(16, 31))]
+    table = pd.concat([rows, pd.DataFrame([reduce, *adds])], ignore_index=True)
+
+    def bundle(path: Path, method: str) -> Bundle:
+        w = BundleWriter(path, manifest("kernels", count=1, notes={"timing_method": method}))
+        w.write_table("kernels", table)
+        w.finish()
+        return load_bundles([path])[0]
+
+    frame = _kernel_frame(bundle(tmp_path / "k", "kernel"))
+    assert frame is not None and set(frame["source"]) == {"bench-kernel"}
+    split = frame[frame["name"].str.contains("splitKreduce")]
+    assert split["op_class"].tolist() == ["memory"] and split["flops"].tolist() == [0.0]
+    assert set(frame.loc[frame["aten_op"] == "aten::add", "layout"]) == {"contiguous"}
+    steps = kernel_frame(n_gemm=40, n_mem=20, seed=1).assign(bundle="steps", source="trace", layout="")
+    _, errors = fit_kernels(pd.concat([frame, steps], ignore_index=True), PEAKS["H200"], FitOptions())
+    assert errors["kernel.bench"].count + errors["kernel.trace"].count == errors["kernel"].count
+    assert errors["kernel.tp1_from_other_tp"].count > 5  # labels read from `case`, names are kernels'
+    with pytest.raises(CalibError, match="timed by 'cuda-graphs'.*known: kernel, events"):
+        _kernel_frame(bundle(tmp_path / "g", "cuda-graphs"))
+
+
+def test_an_event_timed_kernel_bench_is_superseded_by_a_kernel_timed_one_of_its_gpu(tmp_path: Path) -> None:
+    """Where a GPU model has a kernel-timed kernels bundle, its event-timed one (the host's dispatch and the power
+    cap in its times) is not fitted, and the calibration says so; another GPU's event-timed bundle still is."""
+    from fitdata import kernel_frame, manifest
+
+    from calib.bundle.io import BundleWriter
+    from calib.fit import kernel_rows, superseded_kernel_benches
+
+    def bundle(name: str, gpu: str, method: str | None) -> None:
+        w = BundleWriter(tmp_path / name, manifest("kernels", gpu, count=1, notes={"timing_method": method} if method else {}))
+        w.write_table("kernels", kernel_frame(seed=len(name)))
+        w.finish()
+
+    bundle("h200-events", "NVIDIA H200", None)
+    bundle("h200-kernel", "NVIDIA H200", "kernel")
+    bundle("h100-events", "NVIDIA H100 80GB HBM3", "events")
+    bundles = load_bundles([tmp_path])
+    assert [b.id for b in superseded_kernel_benches(bundles)] == ["h200-events"]
+    rows, used = kernel_rows(bundles)
+    assert sorted(b.id for b in used) == ["h100-events", "h200-kernel"]
+    assert set(rows["bundle"]) == {"h100-events", "h200-kernel"}
+    cal = fit_calibration(load_bundles([tmp_path / "h200-events", tmp_path / "h200-kernel"]))
+    assert "h200-events" in cal.provenance["kernel.superseded"]

@@ -74,3 +74,59 @@ def test_campaign_plans_fit_the_hosts(tmp_path: Path) -> None:
         assert len(ids) == len(set(ids))
     families = {spec[1].split("-")[0] for spec in TRAININGS}
     assert families == {"llama3", "gpt3", "mixtral"}
+
+
+def test_kernel_timing_keeps_each_cases_timed_window_and_names_it() -> None:
+    """Case i's timed calls run inside its annotation between two device synchronizations: only kernels that
+    start on the GPU inside it are rows, each labelled with its case; the windows come from the Kineto trace's
+    annotations on the converter's clock; a case without a window or without a kernel is one clear error."""
+    import pandas as pd
+
+    from calib.errors import CalibError
+    from measure.kernels import CASE_MARK, case_windows, timed_windows
+
+    base_ns = 1_700_000_000_000_000_000
+    trace = {"baseTimeNanoseconds": base_ns, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": f"{CASE_MARK}0", "ts": 1_000_000.0, "dur": 500_000.0},
+        {"ph": "X", "cat": "user_annotation", "name": f"{CASE_MARK}1", "ts": 3_000_000.0, "dur": 500_000.0},
+        {"ph": "X", "cat": "user_annotation", "name": "other", "ts": 0.0, "dur": 9e9},
+    ]}
+    windows = case_windows(trace)
+    t = base_ns * 1e-9
+    assert windows[0] == pytest.approx((t + 1.0, t + 1.5)) and set(windows) == {0, 1}
+
+    def row(start: float, name: str) -> dict:
+        return {"rank": 0, "step": None, "stream": 7, "name": name, "op_class": "gemm", "start_s": t + start, "time_s": 1e-5}
+
+    table = pd.DataFrame([row(0.5, "randn"), row(1.1, "gemm_a"), row(1.2, "gemm_a"), row(2.0, "warm-up"),
+                          row(3.1, "flash_fwd"), row(3.2, "flash_bwd"), row(4.0, "stray")])
+    out = timed_windows(table, windows, ["a/tp1/fc1", "a/tp1/sdpa"])
+    assert out["name"].tolist() == ["gemm_a", "gemm_a", "flash_fwd", "flash_bwd"]
+    assert out["case"].tolist() == ["a/tp1/fc1", "a/tp1/fc1", "a/tp1/sdpa", "a/tp1/sdpa"]
+    assert out["step"].tolist() == [0, 0, 1, 1]
+    with pytest.raises(CalibError, match="lacks the timed-window annotation of 1 case.*third"):
+        timed_windows(table, windows, ["a/tp1/fc1", "a/tp1/sdpa", "third"])
+    with pytest.raises(CalibError, match="1 case\\(s\\) launched no kernel.*a/tp1/sdpa"):
+        timed_windows(table[table["start_s"] < t + 3.0], windows, ["a/tp1/fc1", "a/tp1/sdpa"])
+
+
+def test_kernel_timing_adds_sequence_8192_attention() -> None:
+    from measure.kernels import EVENT_SEQS, KERNEL_SEQS
+
+    events = {c.label for c in default_cases(seqs=EVENT_SEQS)}
+    kernel = {c.label for c in default_cases(seqs=KERNEL_SEQS)}
+    assert events < kernel
+    assert {lbl.split("/")[2] for lbl in kernel - events} == {"seq8192"}
+
+
+def test_training_like_cases_lay_out_gemm_operands_per_pass() -> None:
+    """The kernel-timed bundle times each GEMM with the operand layout its pass has in megatron-core's local linear
+    layers (forward X W^T, data gradient dY W, weight gradient dY^T X); a shape is timed once per layout."""
+    from measure.kernels import KERNEL_SEQS, PASS_LAYOUTS
+
+    cases = [c for c in default_cases(seqs=KERNEL_SEQS, training_like=True) if c.aten_op == "aten::mm"]
+    assert all(c.layout == PASS_LAYOUTS[c.label.rsplit("/", 1)[1]] for c in cases)
+    assert len({(c.shapes, c.layout) for c in cases}) == len(cases)
+    assert {c.layout for c in default_cases() if c.aten_op == "aten::mm"} == {""}
+    sdpa = [c for c in default_cases(seqs=KERNEL_SEQS, training_like=True) if c.label == "llama3-8b/tp2/seq8192/sdpa"][0]
+    assert sdpa.shapes == ((1, 16, 8192, 128), (1, 4, 8192, 128), (1, 4, 8192, 128))  # 8 KV groups over TP 2

@@ -43,6 +43,9 @@ COLLECTIVE_COLUMNS = [
 # included; "events": bundles written before notes.timing_method).
 KERNEL_TIMING_METHODS = ("kernel", "kernel-isolated")
 EVENT_TIMING_METHODS = ("events", "events-one-call", "events-loop")
+# How a kernels bundle timed its shapes (notes.timing_method, measure/kernels.py): each kernel from a converted
+# profile, or CUDA events around each call ("events": also the bundles written before notes.timing_method).
+KERNEL_BENCH_METHODS = ("kernel", "events")
 # The host's pace beside a training run (measure/telemetry/host_pace.py): when a sample started (t_s,
 # the steps' clock) and how long a fixed pure-Python workload took then (work_s): larger is slower.
 HOST_PACE_COLUMNS = ["t_s", "work_s"]

@@ -131,11 +131,13 @@ def kernels(
     warmup: int = typer.Option(3, "--warmup"), repeats: int = typer.Option(10, "--repeats"),
     max_seconds: float = typer.Option(0.0, "--max-seconds", help="stop starting new shapes after this long (0: no limit)"),
     overwrite: bool = typer.Option(False, "--overwrite"),
+    timing: str = typer.Option("kernel", "--timing", help="kernel (each kernel's GPU time from a converted profile, as "
+                               "training steps) | events (CUDA events around each call, the first bundles')"),
 ) -> None:
     """GEMM/attention/memory kernel microbenchmarks over the presets' shapes -> a kernels bundle."""
     from measure.kernels import measure_kernels
 
-    _summary(measure_kernels(out, quick, warmup, repeats, max_seconds or None, overwrite=overwrite))
+    _summary(measure_kernels(out, quick, warmup, repeats, max_seconds or None, overwrite=overwrite, timing=timing))
 
 
 @measure_app.command("convert")

@@ -37,7 +37,14 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 
 from calib.errors import CalibError
-from calib.models.common import ClampedPiecewise, choose_knots, hinge_basis, kfold_indices, refine_knots
+from calib.models.common import (
+    EVENT_BENCH,
+    ClampedPiecewise,
+    choose_knots,
+    hinge_basis,
+    kfold_indices,
+    refine_knots,
+)
 from calib.models.peaks import GpuPeaks, normalize_dtype
 from calib.models.residual import ELEMENT_BYTES, checked_residual, fit_residual, predict_residual
 from calib.ops import CALL_OPS, EMBEDDING_BWD, FLOP_CLASSES, call_layout
@@ -47,7 +54,7 @@ OP_CLASSES = ("gemm", "attention", "memory", "other")
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
 MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves
 OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
-# `source` is "bench" for kernel-microbenchmark rows and "trace" (or absent) for profiled steps.
+# `source`: where a row was measured (calib.models.common.EVENT_BENCH, KERNEL_BENCH, or "trace").
 SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source", "layout"]
 _STRING_COLUMNS = ("op_class", "aten_op", "dtype", "source", "layout")
 
@@ -176,7 +183,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
             es = np.array([ELEMENT_BYTES.get(str(d), 2) for d in dtypes[tokens]], dtype=float)
             xb[tokens] = np.log10(mk[tokens] * es)
         x = np.where(multi, np.nan, x)
-        bench = _str_col(X, "source") == "bench"
+        bench = _str_col(X, "source") == EVENT_BENCH
         return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "base": base,
                 "bench": bench, "xb": xb}
 
@@ -484,7 +491,7 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
     if kernels.empty or not {"start_s", "name"} <= set(kernels.columns):
         return kernels
     df = _with_shape_columns(kernels)
-    bench = df["source"].astype(str).to_numpy() == "bench"
+    bench = df["source"].astype(str).to_numpy() == EVENT_BENCH
     if bench.all():
         return df
     ctx = [c for c in _OP_CONTEXT if c in df.columns]

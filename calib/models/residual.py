@@ -34,6 +34,7 @@ import pandas as pd
 from sklearn.ensemble import GradientBoostingRegressor
 
 from calib.errors import CalibError
+from calib.models.common import EVENT_BENCH, KERNEL_BENCH
 from calib.models.peaks import normalize_dtype
 from calib.ops import FLOP_CLASSES
 
@@ -87,7 +88,7 @@ def residual_features(X: pd.DataFrame, families: dict[str, int], fam: np.ndarray
     cols: dict[str, np.ndarray] = {
         "cls": np.array([CLASS_CODE.get(c, 3) for c in cls], dtype=float),
         "fam": np.array([families.get(str(f), -1) for f in fam], dtype=float),
-        "bench": (src == "bench").astype(float),
+        "bench": (src == EVENT_BENCH) + 2.0 * (src == KERNEL_BENCH),
         "log_flops": _log10(flops), "log_bytes": _log10(nbytes), "log_intensity": _log10(flops) - _log10(nbytes),
         "log_m": np.where(shaped | reduced, _log10(m), 0.0), "log_n": np.where(shaped, _log10(nn), 0.0),
         "log_k": np.where(shaped | reduced, _log10(k), 0.0), "log_batch": np.where(shaped, _log10(batch), 0.0),

@@ -481,6 +481,11 @@ ROUND44 = {"collectives-2gpu-released-0": (2, "2", 0.0, ()), "collectives-2gpu-r
            "collectives-2gpu-released-50": (2, "2", 50.0, ()), "collectives-2gpu-released-1000": (2, "2", 1000.0, ()),
            "collectives-2gpu-released-200-sender": (2, "2", 200.0, ("--kinds", "send_recv", "--late-member", "0")),
            "collectives-2gpu-released-0-b": (2, "2", 0.0, ())}
+# Round 45 (1 x H200): the kernel microbenchmarks timed kernel by kernel from a converted profile, as the training
+# steps' kernels are (measure/kernels.py, --timing kernel), where kernels-h200 (round 1) timed each call with CUDA
+# events and read the host's dispatch into its small kernels; attention forward and backward, up to sequence 8192.
+# The quick subset runs first: it checks the path in a minute. Id -> extra arguments.
+ROUND45 = {"kernels-h200-kernel-quick": ("--quick",), "kernels-h200-kernel": ("--max-seconds", "420")}
 
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
@@ -615,6 +620,10 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [dense_collectives(r, 4, out, "2,4", 4096, est_s=200, timing=how, timeout_s=450)
              for r, how in ROUND42_X4.items()]
     jobs += [released_collectives(r, gpus, out, groups, late, *flags) for r, (gpus, groups, late, flags) in ROUND44.items()]
+    for r, extra in ROUND45.items():
+        quick = "--quick" in extra
+        jobs.append(Job(r, 1, ["kernels", "--timing", "kernel", "-o", str(out / r), *extra], est_s=60 if quick else 480,
+                        timeout_s=150 if quick else 560))
     return jobs
 
 

@@ -1,0 +1,127 @@
+"""How the kernel microbenchmarks time the training steps' own kernels (round 45, traces/README.md).
+
+    python benchmarks/kernel_bench_vs_steps.py [GPU_DIR] [--with BUNDLE_DIR ...]    # default: traces/h200
+    python benchmarks/kernel_bench_vs_steps.py --repeat FIRST AGAIN [--summary-out FILE]
+
+For every GEMM shape a kernels bundle shares with the profiled training steps: its median time over the steps'
+median, per bundle (its notes.timing_method: "events", CUDA events around each call; "kernel", each kernel from a
+converted profile with the GPU idle before each call), and, for the kernel-timed one, per kernel name too (the same
+cuBLAS kernel on the same shape). Round 45's kernel-timed bundle is committed packed, out of the fits: unpack it
+(`tar -C /tmp -xJf traces/h200/_campaigns/x1-round45/kernels.tar.xz`) and add it with `--with /tmp/kernels-h200-kernel`. Then the GEMM-conditions probe (measure/probes/gemm_conditions.py) when the folder
+has one: a GEMM's time, SM clock, power and clock-event reasons back to back on random inputs, on weight-scaled or
+zero inputs, and with the GPU idle before each call; and the repeat of a kernel-timed kernels bundle on another lease
+(`--repeat`: per shape, the second lease's median over the first's, by class; its summary is what
+traces/h200/_probes/kernel-bench-repeat-1 keeps, the repeat's bundle itself not being committed for room).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere: this checkout's calib
+    sys.path.insert(0, str(ROOT))
+
+SHAPE = ["m", "n", "k", "batch"]
+
+
+def _gemms(bundles: list) -> pd.DataFrame:
+    from calib.fit import _kernel_frame
+
+    frames = []
+    for b in bundles:
+        df = _kernel_frame(b)
+        if df is None:
+            continue
+        g = df[(df["op_class"].astype(str) == "gemm") & df["aten_op"].astype(str).str.endswith("mm")]
+        frames.append(g.assign(kernel=g["name"].astype(str).str.replace(r"\(.*", "", regex=True)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def ratios(gemms: pd.DataFrame, by_kernel: bool) -> pd.DataFrame:
+    """Per microbenchmark bundle, its median time per shape (and kernel name) over the training steps'."""
+    key = SHAPE + (["kernel"] if by_kernel else [])
+    steps = gemms[gemms["source"] == "trace"].groupby(key)["time_s"].median().rename("steps")
+    rows = []
+    for bid, g in gemms[gemms["source"] != "trace"].groupby("bundle"):
+        j = g.groupby(key)["time_s"].median().rename("bench").to_frame().join(steps, how="inner")
+        r = j["bench"] / j["steps"]
+        rows.append({"bundle": bid, "shapes": len(r), "p10": r.quantile(0.1), "median": r.median(),
+                     "p90": r.quantile(0.9), "max": r.max(), "within 5 %": float(np.mean(np.abs(r - 1) <= 0.05))})
+    return pd.DataFrame(rows).round(3)
+
+
+def probe_table(path: Path) -> pd.DataFrame:
+    data = json.loads(path.read_text())
+    df = pd.DataFrame(data["points"])
+    df["us"] = df["median_s"] * 1e6
+    df["GHz"] = df["sm_clock_hz"] / 1e9
+    df["power cap"] = [4 in r for r in df["clock_event_reasons"]]
+    return df.pivot_table(index=["m", "n", "k", "layout"], columns="condition", values=["us", "GHz", "power_w"],
+                          sort=False).round(3)
+
+
+def repeat_summary(first: Path, again: Path) -> dict:
+    """Per shape of two kernel-timed kernels bundles, |again / first - 1| in percent: overall and by op class."""
+    from calib.bundle.io import load_bundles
+    from calib.fit import _kernel_frame
+    from calib.models.kernel import shape_keys, shape_table
+
+    medians = []
+    for path in (first, again):
+        b = load_bundles([path])[0]
+        frame = _kernel_frame(b)
+        if frame is None:
+            raise SystemExit(f"{path}: no kernel rows")
+        shapes, t, _ = shape_table(frame)
+        medians.append(pd.Series(t, index=shape_keys(shapes).to_numpy()))
+    j = pd.concat([medians[0].rename("first"), medians[1].rename("again")], axis=1).dropna()
+    diff = (j["again"] / j["first"] - 1) * 100
+    cls = pd.Series([k.split("|")[0] for k in j.index], index=j.index)
+
+    def stats(d: pd.Series) -> dict:
+        a = d.abs()
+        return {"shapes": len(d), "mean_abs_pct": round(float(a.mean()), 3), "median_abs_pct": round(float(a.median()), 3),
+                "p90_abs_pct": round(float(a.quantile(0.9)), 3), "max_abs_pct": round(float(a.max()), 3),
+                "median_signed_pct": round(float(d.median()), 3)}
+
+    return {"first": first.name, "again": f"{again.name}, run again on another lease", "all": stats(diff),
+            "by_class": {c: stats(diff[cls == c]) for c in sorted(set(cls))}}
+
+
+def main(argv: list[str]) -> int:
+    from calib.bundle.io import load_bundles
+
+    if argv[:1] == ["--repeat"]:
+        out = repeat_summary(Path(argv[1]), Path(argv[2]))
+        if "--summary-out" in argv:
+            Path(argv[argv.index("--summary-out") + 1]).write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out, indent=1))
+        return 0
+    extra = [Path(a) for i, a in enumerate(argv) if i and argv[i - 1] == "--with"]
+    rest = [a for i, a in enumerate(argv) if a != "--with" and not (i and argv[i - 1] == "--with")]
+    folder = Path(rest[0]) if rest else ROOT / "traces" / "h200"
+    bundles = [b for b in load_bundles([folder, *extra]) if b.manifest.kind in ("kernels", "training")]
+    gemms = _gemms(bundles)
+    pd.set_option("display.width", 220)
+    print("GEMM shapes of the training steps timed by each kernel microbenchmark: bench / steps")
+    print(ratios(gemms, by_kernel=False).to_string(index=False))
+    print("\nthe same, shape and cuBLAS kernel both the same")
+    print(ratios(gemms, by_kernel=True).to_string(index=False))
+    for p in sorted((folder / "_probes").glob("gemm-conditions-*/gemm-conditions.json")):
+        print(f"\n{p.parent.name}: median us, SM clock GHz, instantaneous power W per condition")
+        print(probe_table(p).to_string())
+    for p in sorted((folder / "_probes").glob("kernel-bench-repeat-*/summary.json")):
+        rep = json.loads(p.read_text())
+        print(f"\n{p.parent.name}: {rep['first']} again on another lease, |again / first - 1| % per shape")
+        print(pd.DataFrame({"all": rep["all"], **rep["by_class"]}).T.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

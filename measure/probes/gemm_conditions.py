@@ -1,0 +1,103 @@
+"""Why does an isolated GEMM run longer than the same kernel inside a training step?
+
+Round 45's kernel-timed microbenchmarks (measure/kernels.py, --timing kernel) ran the GEMMs of the training steps'
+shapes with the very kernels the steps ran (same name, same operand layout) a median 8 % longer than the steps did,
+up to 30 % (H200; traces/README.md, round 45). The microbenchmark times ten calls of one GEMM back to back on inputs
+drawn from N(0, 1); a step interleaves its GEMMs with memory-bound kernels on trained values. This probe times a few
+of those GEMMs under conditions that tell the candidates apart, with the GPU's SM clock, power and clock-event
+reasons sampled beside each (measure.telemetry, 100 Hz):
+
+- `randn`: the microbenchmark's own inputs, N(0, 1), calls back to back;
+- `weights`: N(0, 0.02) weights and N(0, 1) activations (the initialised model's scale);
+- `zeros`: all-zero inputs (the fewest toggling bits a GEMM can have);
+- `gapped`: N(0, 1) inputs with a 1 ms GPU sleep before each call (the GPU idles between GEMMs, as it does between
+  a step's GEMMs while memory-bound kernels run);
+- `randn-late`: N(0, 1) again at the end, to see whether the GPU drifted over the probe.
+
+    python -m measure.probes.gemm_conditions --out DIR       (one GPU; writes DIR/gemm-conditions.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+# (m, n, k, layout): among round 45's shapes furthest from the training steps' time (1.19-1.30x) and one
+# the microbenchmark timed shorter (0.87x); layout as measure.kernels.PASS_LAYOUTS.
+SHAPES = ((8192, 4096, 25216, "nn"), (8192, 8192, 4096, "tn"), (2048, 8192, 2560, "nn"), (2048, 4096, 2048, "tn"),
+          (8192, 8192, 6144, "nt"))
+CONDITIONS = ("randn", "weights", "zeros", "gapped", "randn-late")
+WINDOW_S = 0.3  # each condition runs about this long (at least MIN_CALLS calls), long enough for ~30 samples
+MIN_CALLS = 40
+SLEEP_CYCLES = 2_000_000  # about 1 ms at the H200's clock
+
+
+def _operands(torch: Any, m: int, n: int, k: int, layout: str, condition: str, dev: Any) -> tuple[Any, Any]:
+    bf = torch.bfloat16
+    scale_b = 0.02 if condition == "weights" else 1.0
+    make = torch.zeros if condition == "zeros" else torch.randn
+    a = make(k, m, dtype=bf, device=dev).t() if layout == "tn" else make(m, k, dtype=bf, device=dev)
+    b = make(n, k, dtype=bf, device=dev).t() if layout == "nt" else make(k, n, dtype=bf, device=dev)
+    return a, b * scale_b
+
+
+def run(out: Path) -> None:
+    import torch
+
+    from measure.telemetry import Sampler, open_backend
+
+    dev = torch.device("cuda", 0)
+    backend = open_backend("auto", None)
+    gpu = backend.gpus[0]  # type: ignore[attr-defined]
+    points = []
+    for m, n, k, layout in SHAPES:
+        for condition in CONDITIONS:
+            a, b = _operands(torch, m, n, k, layout, "randn" if condition.startswith("randn") else condition, dev)
+            warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            warm_start.record()
+            for _ in range(5):
+                torch.mm(a, b)
+            warm_end.record()
+            torch.cuda.synchronize()
+            calls = max(MIN_CALLS, int(WINDOW_S / (warm_start.elapsed_time(warm_end) * 1e-3 / 5)))
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+            sampler = Sampler(backend, [gpu], 100.0, time.monotonic()).start()
+            for start, end in events:
+                if condition == "gapped":
+                    torch.cuda._sleep(SLEEP_CYCLES)
+                start.record()
+                torch.mm(a, b)
+                end.record()
+            torch.cuda.synchronize()
+            sampler.stop()
+            tel = sampler.frame()
+            times = sorted(s.elapsed_time(e) * 1e-3 for s, e in events)
+            points.append({
+                "m": m, "n": n, "k": k, "layout": layout, "condition": condition, "calls": calls,
+                "median_s": times[len(times) // 2],
+                "min_s": times[0], "max_s": times[-1], "samples": len(tel),
+                "sm_clock_hz": float(tel["sm_clock_hz"].median()) if len(tel) else None,
+                "power_w": float(tel["power_instant_w"].median()) if len(tel) and "power_instant_w" in tel else None,
+                "clock_event_reasons": sorted({int(x) for x in tel.get("clock_event_reasons", []) if x == x}),
+            })
+            print(json.dumps(points[-1]), flush=True)
+            del a, b
+    backend.close()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm-conditions.json").write_text(json.dumps({
+        "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "window_s": WINDOW_S,
+        "sleep_cycles": SLEEP_CYCLES, "points": points}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    run(p.parse_args(argv).out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
