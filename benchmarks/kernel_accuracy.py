@@ -48,7 +48,7 @@ def _table(name: str, pred: np.ndarray, shapes: pd.DataFrame, t: np.ndarray, cou
     line("all", np.ones(len(t), dtype=bool))
     for c in ("gemm", "attention", "memory", "other"):
         line(f"class {c}", cls == c)
-    for s in ("trace", "bench"):
+    for s in ("trace", "bench", "bench-kernel"):
         line(f"source {s}", src == s)
     lt = np.log10(t)
     for lo, hi in ((-9, -5), (-5, -4.5), (-4.5, -4), (-4, -3), (-3, 0)):

@@ -56,6 +56,61 @@ def ratios(gemms: pd.DataFrame, by_kernel: bool) -> pd.DataFrame:
     return pd.DataFrame(rows).round(3)
 
 
+def flash_medians(bundles: list) -> pd.DataFrame:
+    """Median flash-attention op time (s; its kernels summed, calib.models.kernel.op_instances) per pass and FLOPs,
+    for the training steps (`steps`) and the kernel-timed microbenchmark (`bench`), where both measured it."""
+    from calib.fit import _kernel_frame
+    from calib.models.kernel import op_instances
+
+    frames = [df for df in (_kernel_frame(b) for b in bundles) if df is not None]
+    ops = op_instances(pd.concat(frames, ignore_index=True))
+    ops = ops[ops["aten_op"].astype(str).str.contains("flash_attention")]
+    ops = ops.assign(**{"pass": np.where(ops["aten_op"].astype(str).str.contains("backward"), "bwd", "fwd")})
+    med = ops.groupby(["pass", "flops", "source"])["time_s"].median().unstack("source")
+    if not {"trace", "bench-kernel"} <= set(med.columns):
+        return pd.DataFrame(columns=["steps", "bench"])
+    return med[["trace", "bench-kernel"]].set_axis(["steps", "bench"], axis=1).dropna()
+
+
+def flash_probe_table(path: Path, flash: pd.DataFrame) -> pd.DataFrame:
+    """The flash-conditions probe: forward + backward ms per condition, with the microbenchmark's and the steps'
+    forward + backward of the same shape (causal forward FLOPs 2 b h s^2 d, backward 2.5 times those)."""
+    df = pd.DataFrame(json.loads(path.read_text())["points"])
+    df["ms"] = df["median_s"] * 1e3
+    df["GHz"] = df["sm_clock_hz"] / 1e9
+    table = df.pivot_table(index="shape", columns="condition", values=["ms", "GHz", "power_w"], sort=False)
+    shapes = df.drop_duplicates("shape").set_index("shape")
+    fwd = 2.0 * shapes["batch"] * shapes["heads"] * shapes["seq"] ** 2 * shapes["head_dim"]
+
+    def both(src: str) -> pd.Series:
+        def one(pass_: str, f: float) -> float:
+            rows = flash.loc[pass_] if pass_ in flash.index.get_level_values(0) else pd.DataFrame()
+            hit = rows[np.isclose(rows.index.to_numpy(float), f, rtol=1e-3)] if len(rows) else rows
+            return float(hit[src].iloc[0]) if len(hit) else np.nan
+        return pd.Series([1e3 * (one("fwd", f) + one("bwd", 2.5 * f)) for f in fwd], index=shapes.index)
+
+    table[("ms", "microbenchmark")] = both("bench")
+    table[("ms", "steps")] = both("steps")
+    return table.round(3)
+
+
+def clock_table(path: Path) -> tuple[pd.DataFrame, pd.Series]:
+    """The clock-sensitivity probe: per call and GEMM burst before it, median ms and median SM clock (GHz); and per
+    call beta, the least-squares slope of log time on -log clock over its calls with a clock reading (time ~
+    clock^-beta: 1 for a kernel the SM clock paces, 0 for one HBM paces)."""
+    import lzma
+
+    with lzma.open(path, "rt") as fh:
+        df = pd.DataFrame(json.load(fh)["points"])
+    df["ms"] = df["time_s"] * 1e3
+    df["GHz"] = df["sm_clock_hz"] / 1e9
+    table = df.groupby(["call", "burst"], sort=False)[["ms", "GHz"]].median().unstack("burst").round(3)
+    ok = df.dropna(subset=["sm_clock_hz"])
+    beta = ok.groupby("call", sort=False).apply(
+        lambda g: float(np.polyfit(-np.log(g["sm_clock_hz"]), np.log(g["time_s"]), 1)[0]), include_groups=False)
+    return table, beta.round(2).rename("beta")
+
+
 def probe_table(path: Path) -> pd.DataFrame:
     data = json.loads(path.read_text())
     df = pd.DataFrame(data["points"])
@@ -116,6 +171,18 @@ def main(argv: list[str]) -> int:
     for p in sorted((folder / "_probes").glob("gemm-conditions-*/gemm-conditions.json")):
         print(f"\n{p.parent.name}: median us, SM clock GHz, instantaneous power W per condition")
         print(probe_table(p).to_string())
+    if any(b.manifest.kind == "kernels" and b.manifest.timing_method == "kernel" for b in bundles):
+        flash = flash_medians(bundles)
+        print("\nflash-attention ops of the training steps timed by the kernel-timed microbenchmark (ms)")
+        print((flash * 1e3).assign(ratio=flash["bench"] / flash["steps"]).round(3).to_string())
+        for p in sorted((folder / "_probes").glob("flash-conditions-*/flash-conditions.json")):
+            print(f"\n{p.parent.name}: forward + backward median ms, SM clock GHz, instantaneous power W per condition")
+            print(flash_probe_table(p, flash).to_string())
+    for p in sorted((folder / "_probes").glob("clock-sensitivity-*/clock-sensitivity.json.xz")):
+        table, beta = clock_table(p)
+        print(f"\n{p.parent.name}: median ms and SM clock GHz per call after a burst of N 8192^3 GEMMs; beta")
+        print(table.to_string())
+        print(beta.to_string())
     for p in sorted((folder / "_probes").glob("kernel-bench-repeat-*/summary.json")):
         rep = json.loads(p.read_text())
         print(f"\n{p.parent.name}: {rep['first']} again on another lease, |again / first - 1| % per shape")

@@ -138,17 +138,13 @@ def select_bundles(bundles: Sequence[Bundle], opts: FitOptions) -> list[Bundle]:
 # ---- kernels ---------------------------------------------------------------------------------
 
 
-def _bench_timing(b: Bundle) -> str:
-    return str((b.manifest.notes or {}).get("timing_method", "events"))
-
-
 def superseded_kernel_benches(bundles: Sequence[Bundle]) -> list[Bundle]:
     """Kernel microbenchmarks timed by CUDA events where a kernel-timed kernels bundle of the same GPU model is
     there too: the latter times the same shapes as the steps' kernels are timed, where an event pair around one
     call also times the host's dispatch of small kernels and ten calls back to back hold the GPU at its power cap
     (measure/kernels.py, IDLE_GAP_S). Not fitted."""
-    timed = {gpu_family(b.manifest.gpu.name) for b in bundles if b.manifest.kind == "kernels" and _bench_timing(b) == "kernel"}
-    return [b for b in bundles if b.manifest.kind == "kernels" and _bench_timing(b) == "events"
+    timed = {gpu_family(b.manifest.gpu.name) for b in bundles if b.manifest.kind == "kernels" and b.manifest.timing_method == "kernel"}
+    return [b for b in bundles if b.manifest.kind == "kernels" and b.manifest.timing_method == "events"
             and gpu_family(b.manifest.gpu.name) in timed]
 
 
@@ -183,7 +179,7 @@ def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
     # profiled steps' (back-to-back kernels); kernel-timed ones are rows of a converted profile, as the
     # steps' are: kernel names, split-K reductions and op instances are read as theirs.
     if b.manifest.kind == "kernels":
-        method = _bench_timing(b)
+        method = b.manifest.timing_method
         if method not in KERNEL_BENCH_METHODS:
             raise CalibError(f"bundle {b.id}: kernels timed by {method!r}, which calib fit does not read "
                              f"(known: {', '.join(KERNEL_BENCH_METHODS)})")
@@ -481,7 +477,7 @@ def _kind_or_none(kind: object) -> str | None:
 def timed_by_events(b: Bundle) -> bool:
     """Whether a collectives bundle timed its calls with CUDA events rather than by their NCCL kernels; a method
     calib does not know is an error, not a guess at the latency its points carry."""
-    method = (b.manifest.notes or {}).get("timing_method", "events")
+    method = b.manifest.timing_method
     if method not in KERNEL_TIMING_METHODS + EVENT_TIMING_METHODS:
         raise CalibError(f"{b.id}: collectives timed by an unknown method {method!r} "
                          f"(known: {', '.join(KERNEL_TIMING_METHODS + EVENT_TIMING_METHODS)})")

@@ -165,35 +165,27 @@ def _runner(case: Case, dev: object, backward: bool = False) -> Callable[[], obj
     import torch
 
     bf = torch.bfloat16
-    t = [torch.randn(*s, dtype=bf, device=dev) for s in case.shapes]
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=bf, device=dev)
+
     op = case.aten_op
-    if op == "aten::mm":
+    if op == "aten::mm" and case.layout in ("nt", "tn"):
         (m, k), (_, n) = case.shapes
         if case.layout == "nt":
-            b = torch.randn(n, k, dtype=bf, device=dev).t()
-            return lambda: torch.mm(t[0], b)
-        if case.layout == "tn":
-            a = torch.randn(k, m, dtype=bf, device=dev).t()
-            return lambda: torch.mm(a, t[1])
-        return lambda: torch.mm(t[0], t[1])
-    if op == "aten::baddbmm":
-        return lambda: torch.baddbmm(t[0], t[1], t[2], beta=0.0, alpha=0.125)
-    if op == "aten::bmm":
-        return lambda: torch.bmm(t[0], t[1])
-    if op == "aten::_softmax":
-        return lambda: torch.softmax(t[0], dim=-1)
-    if op == "aten::_scaled_dot_product_flash_attention":
+            a, b = rand(m, k), rand(n, k).t()
+        else:
+            a, b = rand(k, m).t(), rand(k, n)
+        return lambda: torch.mm(a, b)
+    if op == "aten::_scaled_dot_product_flash_attention" and backward:
         import torch.nn.functional as F
-
-        if not backward:
-            return lambda: F.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=True)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         # As measure/mcore.py's flash attention: [s, b, n, d] tensors viewed as [b, n, s, d], keys and values with
         # their KV groups, the flash backend forced (torch would pick cuDNN's kernels here otherwise).
         leaves = [torch.randn(sh[2], sh[0], sh[1], sh[3], dtype=bf, device=dev, requires_grad=True) for sh in case.shapes]
         q, k, v = (x.permute(1, 2, 0, 3) for x in leaves)
-        grad = torch.randn(*case.shapes[0], dtype=bf, device=dev)
+        grad = rand(*case.shapes[0])
         gqa = k.shape[1] != q.shape[1]
 
         def fwd_bwd() -> object:
@@ -204,6 +196,19 @@ def _runner(case: Case, dev: object, backward: bool = False) -> Callable[[], obj
                 return torch.autograd.grad(out, leaves, grad)
 
         return fwd_bwd
+    t = [rand(*s) for s in case.shapes]
+    if op == "aten::mm":
+        return lambda: torch.mm(t[0], t[1])
+    if op == "aten::baddbmm":
+        return lambda: torch.baddbmm(t[0], t[1], t[2], beta=0.0, alpha=0.125)
+    if op == "aten::bmm":
+        return lambda: torch.bmm(t[0], t[1])
+    if op == "aten::_softmax":
+        return lambda: torch.softmax(t[0], dim=-1)
+    if op == "aten::_scaled_dot_product_flash_attention":
+        import torch.nn.functional as F
+
+        return lambda: F.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=True)
     if op == "aten::copy_":
         return lambda: t[0].copy_(t[1])
     if op == "aten::add":

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from fitdata import gemm_time, kernel_frame
+from fitdata import PEAK_B, PEAK_F, gemm_time, kernel_frame
 from sklearn.base import clone
 
 from calib.errors import CalibError
@@ -99,6 +99,31 @@ def test_microbenchmark_floor_is_not_predicted() -> None:
     rel = np.abs(model.predict(tshapes) - tt) / tt
     assert rel.mean() < 0.05, rel.mean()
     assert model.groups_["memory"]["t0_bench_s"] > 10e-6 > model.groups_["memory"]["t0_s"]
+
+
+def test_kernel_timed_microbenchmarks_shape_the_curve_and_the_steps_set_its_level() -> None:
+    """Steps measured GEMMs up to 2^11 per dimension; a kernel-timed microbenchmark measured up to 2^13, its work
+    term 10 % shorter throughout (flash attention ran 9 % under the steps in round 45): full-size shapes are
+    predicted at the steps' level, and the microbenchmark's rows at their own."""
+    rng = np.random.default_rng(0)
+
+    def timed(top: float, work_scale: float, source: str) -> pd.DataFrame:
+        df = _gemm_rows([tuple(int(2 ** rng.uniform(9, top)) for _ in range(3)) for _ in range(200)])
+        work = np.maximum(df["flops"] / (0.7 * PEAK_F), df["bytes"] / (0.8 * PEAK_B))
+        return df.assign(time_s=2e-6 + work_scale * work, source=source)
+
+    steps, bench = timed(11.0, 1.0, "trace"), timed(13.0, 0.9, "bench-kernel")
+    big = _gemm_rows([(8192, 8192, 8192), (8192, 4096, 8192), (4096, 8192, 6144)])
+    truth = (2e-6 + big["flops"] / (0.7 * PEAK_F)).to_numpy()
+    model = KernelModel(peaks=PEAKS["H200"], residual=False).fit(*shape_table(pd.concat([steps, bench]))[:2])
+    assert model.groups_["gemm"]["source_levels"]["bench-kernel"] == pytest.approx(np.log(0.9), abs=0.01)
+    for m in (model, KernelModel.from_dict(yaml.safe_load(yaml.safe_dump(model.to_dict())))):
+        assert np.all(np.abs(m.predict(big) / truth - 1) < 0.02), m.predict(big) / truth
+        as_bench = m.predict(big.assign(source="bench-kernel"))
+        assert np.all(np.abs(as_bench / (2e-6 + 0.9 * (truth - 2e-6)) - 1) < 0.02)
+    # The steps alone fit no level.
+    assert "source_levels" not in KernelModel(peaks=PEAKS["H200"], residual=False).fit(
+        *shape_table(steps)[:2]).groups_["gemm"]
 
 
 def test_foreach_chunks_are_timed_by_median() -> None:

@@ -165,6 +165,12 @@ class Manifest:
     unsupported: list[dict] = field(default_factory=list)  # [{"option": ..., "why": ...}]
     notes: dict = field(default_factory=dict)  # free-form facts about the run (e.g. benchmark params)
 
+    @property
+    def timing_method(self) -> str:
+        """How a microbenchmark bundle timed its calls (KERNEL_TIMING_METHODS, EVENT_TIMING_METHODS for collectives,
+        KERNEL_BENCH_METHODS for kernels); bundles written before notes.timing_method timed them with events."""
+        return str((self.notes or {}).get("timing_method", "events"))
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -24,8 +24,8 @@ MODEL_FREE_METHODS = (NO_MODEL, NO_FITTED_PARAMETER)
 # for kernel microbenchmarks timed by CUDA events around one call, whose floor (the host's dispatch of the call)
 # is fitted apart (`t0_bench_s`); "bench-kernel" for microbenchmarks timed kernel by kernel from a converted
 # profile, as the steps are (measure/kernels.py, timing "kernel"): the steps' floor, merged into op instances as
-# theirs are. Both microbenchmark sources carry the residual's `bench` feature: an isolated GEMM on random inputs
-# ran a median 7.5 % longer than the same shape inside the H200 training steps (round 45, traces/README.md).
+# theirs are, with a level of its own on each curve (calib.models.kernel.LEVEL_SOURCES). The residual's `bench`
+# feature tells the three apart (calib.models.residual).
 EVENT_BENCH = "bench"
 KERNEL_BENCH = "bench-kernel"
 BENCH_SOURCES = (EVENT_BENCH, KERNEL_BENCH)

@@ -12,7 +12,8 @@ linear in z, both CLAMPED to the measured range. Inside the range g follows the 
 the efficiency of the nearest measured end is kept, so a full-size GEMM is predicted at the
 efficiency of the largest measured one (time grows with its FLOPs). t0 is a fitted per-class
 floor (launch and tail latency); offset is a per-aten-op constant in log space, shrunk toward 0
-(an op never measured gets 0: the class curve). A memory-bound op is keyed by its family and its
+(an op never measured gets 0: the class curve). Rows of a kernel-timed microbenchmark add a level of
+their own to g (`source_levels`), so they shape a curve whose level the training steps set. A memory-bound op is keyed by its family and its
 operand layout (`layout`, calib.ops.kernel_layout: the same bytes take 2-3x longer strided than
 contiguous), with the family over all layouts standing in for an op that comes without one. The reported `efficiency` is the work term's roofline/time at
 the largest measured work.
@@ -39,6 +40,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from calib.errors import CalibError
 from calib.models.common import (
     EVENT_BENCH,
+    KERNEL_BENCH,
     ClampedPiecewise,
     choose_knots,
     hinge_basis,
@@ -54,6 +56,11 @@ OP_CLASSES = ("gemm", "attention", "memory", "other")
 FALLBACK = {"attention": "gemm", "other": "memory", "memory": "other", "gemm": "attention"}
 MIN_RESIDUAL_POINTS = 50  # sized shapes needed before a residual is learned on top of the curves
 OFFSET_PRIOR = 2.0  # pseudo-points pulling an aten op's offset toward the class curve
+# Sources measured apart from the training steps whose level a curve fits apart (`source_levels`): the
+# microbenchmark's shapes inform the curve's form, the steps alone its level. Kernel-timed microbenchmarks on
+# H200 ran flash attention 9 % and GEMMs 1.2 % under the same shapes in the steps (round 45, traces/README.md).
+LEVEL_SOURCES = (KERNEL_BENCH,)
+LEVEL_PRIOR = 2.0  # pseudo-points pulling a source's level toward the steps'
 # `source`: where a row was measured (calib.models.common.EVENT_BENCH, KERNEL_BENCH, or "trace").
 SHAPE_COLUMNS = ["op_class", "aten_op", "m", "n", "k", "batch", "flops", "bytes", "dtype", "source", "layout"]
 _STRING_COLUMNS = ("op_class", "aten_op", "dtype", "source", "layout")
@@ -62,15 +69,20 @@ _STRING_COLUMNS = ("op_class", "aten_op", "dtype", "source", "layout")
 _GEMM_FAMILY = {"addmm": "mm", "linear": "mm", "matmul": "mm", "baddbmm": "bmm", "addbmm": "bmm"}
 
 
-def _joint_fit(a: np.ndarray, idx: np.ndarray, n_ops: int, g: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares of g on [curve basis | one column per op family], the op columns penalized by
-    OFFSET_PRIOR (an op seen n times keeps about n/(n + OFFSET_PRIOR) of its own mean residual)."""
+def _joint_fit(a: np.ndarray, idx: np.ndarray, n_ops: int, g: np.ndarray, alpha: float,
+               levels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares of g on [curve basis | one column per op family | one indicator per LEVEL_SOURCES source],
+    the op columns penalized by OFFSET_PRIOR (an op seen n times keeps about n/(n + OFFSET_PRIOR) of its own
+    mean residual), the source columns by LEVEL_PRIOR. Returns (curve coefficients, op offsets, source levels)."""
     onehot = np.zeros((len(g), n_ops))
     onehot[np.arange(len(g)), idx] = 1.0
-    full = np.column_stack([a, onehot])
-    pen = np.concatenate([[0.0], np.full(a.shape[1] - 1, alpha), np.full(n_ops, OFFSET_PRIOR)])
+    lv = np.zeros((len(g), 0)) if levels is None else levels
+    full = np.column_stack([a, onehot, lv])
+    pen = np.concatenate([[0.0], np.full(a.shape[1] - 1, alpha), np.full(n_ops, OFFSET_PRIOR),
+                          np.full(lv.shape[1], LEVEL_PRIOR)])
     sol = np.linalg.solve(full.T @ full + np.diag(pen), full.T @ g)
-    return sol[: a.shape[1]], sol[a.shape[1]:]
+    k = a.shape[1]
+    return sol[:k], sol[k:k + n_ops], sol[k + n_ops:]
 
 
 # Op families whose classified bytes (whole tensors) are not the traffic of one of their kernels.
@@ -183,9 +195,9 @@ class KernelModel(BaseEstimator, RegressorMixin):
             es = np.array([ELEMENT_BYTES.get(str(d), 2) for d in dtypes[tokens]], dtype=float)
             xb[tokens] = np.log10(mk[tokens] * es)
         x = np.where(multi, np.nan, x)
-        bench = _str_col(X, "source") == EVENT_BENCH
+        source = _str_col(X, "source")
         return {"roof": roof, "x": x, "z": z, "classes": classes, "dtypes": dtypes, "aten": aten, "base": base,
-                "bench": bench, "xb": xb}
+                "bench": source == EVENT_BENCH, "source": source, "xb": xb}
 
     # ---- fitting -------------------------------------------------------------------------
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> KernelModel:
@@ -265,13 +277,19 @@ class KernelModel(BaseEstimator, RegressorMixin):
         lo_t = float(yy[~bench].min()) if (~bench).any() else float(yy.min())
         lo_b = float(yy[bench].min()) if bench.any() else lo_t
         grid = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+        # A source gets a level of its own only beside rows of the steps, which then set the curve's.
+        src = f["source"][sel]
+        steps = ~np.isin(src, LEVEL_SOURCES)
+        level_names = [s for s in LEVEL_SOURCES if steps.any() and (src == s).any()]
+        levels = np.column_stack([src == s for s in level_names]).astype(float) if level_names else None
 
-        def trial(t0: float, tb: float, a: np.ndarray) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+        def trial(t0: float, tb: float, a: np.ndarray) -> tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]:
             floor = np.where(bench, tb, t0)
             g = np.log(yy - floor) - np.log(roof)
-            coef, off = _joint_fit(a, idx, len(names), g, self.alpha)
-            pred = floor + roof * np.exp(a @ coef + off[idx])
-            return float(np.mean(np.abs(pred - yy) / yy)), t0, tb, coef, off
+            coef, off, lev = _joint_fit(a, idx, len(names), g, self.alpha, levels)
+            shift = levels @ lev if levels is not None else 0.0
+            pred = floor + roof * np.exp(a @ coef + off[idx] + shift)
+            return float(np.mean(np.abs(pred - yy) / yy)), t0, tb, coef, off, lev
 
         # A knot at a quantile can fall in a stretch of sizes nothing was measured at, and the
         # segments either side then bend where no data says so (fp32 softmax: measured at 34 MB and
@@ -288,7 +306,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         if bench.any():
             best = min([best] + [trial(best[1], fr * lo_b, a) for fr in grid], key=lambda r: r[0])
             best = min([best] + [trial(fr * lo_t, best[2], a) for fr in grid], key=lambda r: r[0])
-        _, t0, tb, coef, off = best
+        _, t0, tb, coef, off, lev = best
         offsets = {n: float(o) for n, o in zip(names, off, strict=True) if n and abs(o) > 1e-9}
         # An op family seen only split by layout gets the count-weighted mean of its layouts' offsets,
         # for ops that come without a layout.
@@ -301,6 +319,8 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 offsets[fam] = pooled
         group = {"t0_s": t0, "t0_bench_s": tb, "knots": [float(k) for k in knots], "coef": [float(c) for c in coef],
                  "z_range": zr, "use_z": bool(use_z), "count": int(sel.sum()), "op_offsets": offsets}
+        if level_names:
+            group["source_levels"] = {n: float(v) for n, v in zip(level_names, lev, strict=True)}
         xs = np.unique(x)
         wide = np.flatnonzero(np.diff(xs) > GAP_DECADES)
         if wide.size:
@@ -371,6 +391,9 @@ class KernelModel(BaseEstimator, RegressorMixin):
                 offs = grp.get("op_offsets", {})
                 g = a @ np.asarray(grp["coef"]) + np.array([offs.get(o, offs.get(b, 0.0))
                                                             for o, b in zip(f["aten"][idx], f["base"][idx], strict=True)])
+                levels = grp.get("source_levels") or {}
+                if levels:
+                    g = g + np.array([levels.get(s, 0.0) for s in f["source"][idx]])
                 t0 = float(grp.get("t0_s", 0.0))
                 floor = np.where(f["bench"][idx], float(grp.get("t0_bench_s", t0)), t0)
                 out[idx] = floor + f["roof"][idx] * np.exp(g)
@@ -451,6 +474,8 @@ def _checked_group(name: str, g: dict) -> dict:
     g["t0_s"] = float(g.get("t0_s", 0.0))
     g["t0_bench_s"] = float(g.get("t0_bench_s", g["t0_s"]))
     g["op_offsets"] = {str(k): float(v) for k, v in (g.get("op_offsets") or {}).items()}
+    if "source_levels" in g:
+        g["source_levels"] = {str(k): float(v) for k, v in (g.get("source_levels") or {}).items()}
     return g
 
 

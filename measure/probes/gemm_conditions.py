@@ -19,11 +19,11 @@ reasons sampled beside each (measure.telemetry, 100 Hz):
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
+
+from measure.probes.conditions import SLEEP_CYCLES, probe_cli, timed_condition, write_result
 
 # (m, n, k, layout): among round 45's shapes furthest from the training steps' time (1.19-1.30x) and one
 # the microbenchmark timed shorter (0.87x); layout as measure.kernels.PASS_LAYOUTS.
@@ -32,7 +32,6 @@ SHAPES = ((8192, 4096, 25216, "nn"), (8192, 8192, 4096, "tn"), (2048, 8192, 2560
 CONDITIONS = ("randn", "weights", "zeros", "gapped", "randn-late")
 WINDOW_S = 0.3  # each condition runs about this long (at least MIN_CALLS calls), long enough for ~30 samples
 MIN_CALLS = 40
-SLEEP_CYCLES = 2_000_000  # about 1 ms at the H200's clock
 
 
 def _operands(torch: Any, m: int, n: int, k: int, layout: str, condition: str, dev: Any) -> tuple[Any, Any]:
@@ -47,7 +46,7 @@ def _operands(torch: Any, m: int, n: int, k: int, layout: str, condition: str, d
 def run(out: Path) -> None:
     import torch
 
-    from measure.telemetry import Sampler, open_backend
+    from measure.telemetry import open_backend
 
     dev = torch.device("cuda", 0)
     backend = open_backend("auto", None)
@@ -56,47 +55,19 @@ def run(out: Path) -> None:
     for m, n, k, layout in SHAPES:
         for condition in CONDITIONS:
             a, b = _operands(torch, m, n, k, layout, "randn" if condition.startswith("randn") else condition, dev)
-            warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            warm_start.record()
-            for _ in range(5):
-                torch.mm(a, b)
-            warm_end.record()
-            torch.cuda.synchronize()
-            calls = max(MIN_CALLS, int(WINDOW_S / (warm_start.elapsed_time(warm_end) * 1e-3 / 5)))
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-            sampler = Sampler(backend, [gpu], 100.0, time.monotonic()).start()
-            for start, end in events:
-                if condition == "gapped":
-                    torch.cuda._sleep(SLEEP_CYCLES)
-                start.record()
-                torch.mm(a, b)
-                end.record()
-            torch.cuda.synchronize()
-            sampler.stop()
-            tel = sampler.frame()
-            times = sorted(s.elapsed_time(e) * 1e-3 for s, e in events)
-            points.append({
-                "m": m, "n": n, "k": k, "layout": layout, "condition": condition, "calls": calls,
-                "median_s": times[len(times) // 2],
-                "min_s": times[0], "max_s": times[-1], "samples": len(tel),
-                "sm_clock_hz": float(tel["sm_clock_hz"].median()) if len(tel) else None,
-                "power_w": float(tel["power_instant_w"].median()) if len(tel) and "power_instant_w" in tel else None,
-                "clock_event_reasons": sorted({int(x) for x in tel.get("clock_event_reasons", []) if x == x}),
-            })
+            gapped = condition == "gapped"
+            point = timed_condition(torch, backend, gpu, lambda a=a, b=b: torch.mm(a, b),
+                                    lambda gapped=gapped: torch.cuda._sleep(SLEEP_CYCLES) if gapped else None,
+                                    WINDOW_S, MIN_CALLS, warm=5)
+            points.append({"m": m, "n": n, "k": k, "layout": layout, "condition": condition, **point})
             print(json.dumps(points[-1]), flush=True)
             del a, b
     backend.close()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm-conditions.json").write_text(json.dumps({
-        "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "window_s": WINDOW_S,
-        "sleep_cycles": SLEEP_CYCLES, "points": points}, indent=1))
+    write_result(out, "gemm-conditions.json", torch, dev, window_s=WINDOW_S, sleep_cycles=SLEEP_CYCLES, points=points)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    run(p.parse_args(argv).out)
-    return 0
+    return probe_cli(__doc__, run, argv)
 
 
 if __name__ == "__main__":
