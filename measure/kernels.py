@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -160,45 +161,53 @@ def default_cases(quick: bool = False, seqs: tuple[int, ...] = EVENT_SEQS, train
             + memory_cases())
 
 
+def gemm_operands(torch: Any, m: int, n: int, k: int, layout: str, dev: object,
+                  make: Callable[..., Any] | None = None) -> tuple[Any, Any]:
+    """A [m, k] x [k, n] bf16 GEMM's operands laid out as `layout` (PASS_LAYOUTS: "nt" B stored [n, k], "tn" A stored
+    [k, m], else both as shaped), drawn by `make` (torch.randn unless given)."""
+    make = make or torch.randn
+    bf = torch.bfloat16
+    a = make(k, m, dtype=bf, device=dev).t() if layout == "tn" else make(m, k, dtype=bf, device=dev)
+    b = make(n, k, dtype=bf, device=dev).t() if layout == "nt" else make(k, n, dtype=bf, device=dev)
+    return a, b
+
+
+def flash_forward_backward(torch: Any, seq: int, batch: int, heads: int, kv: int, hd: int,
+                           dev: object) -> Callable[[], object]:
+    """Causal flash attention forward + backward as measure/mcore.py runs it: [s, b, n, d] tensors viewed as
+    [b, n, s, d], keys and values with their KV groups unexpanded, the flash backend forced (torch would pick
+    cuDNN's kernels here otherwise)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    bf = torch.bfloat16
+    leaves = [torch.randn(seq, batch, n, hd, dtype=bf, device=dev, requires_grad=True) for n in (heads, kv, kv)]
+    q, k, v = (x.permute(1, 2, 0, 3) for x in leaves)
+    grad = torch.randn(batch, heads, seq, hd, dtype=bf, device=dev)
+
+    def call() -> object:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+            # autograd.grad, not .backward(): the gradients are returned, never accumulated into .grad
+            # (which would add a kernel per call that a training step's attention does not launch).
+            return torch.autograd.grad(out, leaves, grad)
+
+    return call
+
+
 def _runner(case: Case, dev: object, backward: bool = False) -> Callable[[], object]:
     """The call a case times; `backward`: attention also runs its backward (the kernel-timed mode)."""
     import torch
 
-    bf = torch.bfloat16
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, dtype=bf, device=dev)
-
     op = case.aten_op
-    if op == "aten::mm" and case.layout in ("nt", "tn"):
+    if op == "aten::mm":
         (m, k), (_, n) = case.shapes
-        if case.layout == "nt":
-            a, b = rand(m, k), rand(n, k).t()
-        else:
-            a, b = rand(k, m).t(), rand(k, n)
+        a, b = gemm_operands(torch, m, n, k, case.layout, dev)
         return lambda: torch.mm(a, b)
     if op == "aten::_scaled_dot_product_flash_attention" and backward:
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        # As measure/mcore.py's flash attention: [s, b, n, d] tensors viewed as [b, n, s, d], keys and values with
-        # their KV groups, the flash backend forced (torch would pick cuDNN's kernels here otherwise).
-        leaves = [torch.randn(sh[2], sh[0], sh[1], sh[3], dtype=bf, device=dev, requires_grad=True) for sh in case.shapes]
-        q, k, v = (x.permute(1, 2, 0, 3) for x in leaves)
-        grad = rand(*case.shapes[0])
-        gqa = k.shape[1] != q.shape[1]
-
-        def fwd_bwd() -> object:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-                # autograd.grad, not .backward(): the gradients are returned, never accumulated into .grad
-                # (which would add a kernel per call that a training step's attention does not launch).
-                return torch.autograd.grad(out, leaves, grad)
-
-        return fwd_bwd
-    t = [rand(*s) for s in case.shapes]
-    if op == "aten::mm":
-        return lambda: torch.mm(t[0], t[1])
+        (batch, heads, seq, hd), (_, kv, _, _) = case.shapes[:2]
+        return flash_forward_backward(torch, seq, batch, heads, kv, hd, dev)
+    t = [torch.randn(*s, dtype=torch.bfloat16, device=dev) for s in case.shapes]
     if op == "aten::baddbmm":
         return lambda: torch.baddbmm(t[0], t[1], t[2], beta=0.0, alpha=0.125)
     if op == "aten::bmm":

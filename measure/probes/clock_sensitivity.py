@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from measure.probes.conditions import flash_forward_backward, probe_cli, write_result
+from measure.kernels import flash_forward_backward, gemm_operands
+from measure.probes.conditions import probe_cli, write_result
 
 # GEMMs (m, n, k, layout as measure.kernels.PASS_LAYOUTS) of round 45's shapes, and flash forward + backward
 # (label, seq, batch, heads, kv groups, head dim) as measure/probes/flash_conditions.py runs them.
@@ -63,11 +64,9 @@ class ClockPoller:
 
 
 def _calls(torch: Any, dev: Any) -> list[tuple[str, Any]]:
-    bf = torch.bfloat16
     out = []
     for m, n, k, layout in GEMMS:
-        a = torch.randn(k, m, dtype=bf, device=dev).t() if layout == "tn" else torch.randn(m, k, dtype=bf, device=dev)
-        b = torch.randn(n, k, dtype=bf, device=dev).t() if layout == "nt" else torch.randn(k, n, dtype=bf, device=dev)
+        a, b = gemm_operands(torch, m, n, k, layout, dev)
         out.append((f"gemm/{m}x{n}x{k}/{layout}", lambda a=a, b=b: torch.mm(a, b)))
     for label, seq, batch, heads, kv, hd in FLASH:
         out.append((f"flash/{label}", flash_forward_backward(torch, seq, batch, heads, kv, hd, dev)))

@@ -1,6 +1,7 @@
 """What the one-GPU kernel-timing probes share (gemm_conditions, flash_conditions, clock_sensitivity): a call timed
-under a condition with the GPU's clock, power and clock-event reasons sampled beside it, flash attention run as
-measure.kernels runs it, and the probe's command line (`--out DIR`, one JSON file there)."""
+under a condition with the GPU's clock, power and clock-event reasons sampled beside it, and the probe's command
+line (`--out DIR`, one JSON file there). Their calls are built as the kernel microbenchmark builds them
+(measure.kernels.gemm_operands, flash_forward_backward)."""
 
 from __future__ import annotations
 
@@ -45,25 +46,6 @@ def timed_condition(torch: Any, backend: Any, gpu: int, call: Callable[[], objec
         "power_w": float(tel["power_instant_w"].median()) if len(tel) and "power_instant_w" in tel else None,
         "clock_event_reasons": sorted({int(x) for x in tel.get("clock_event_reasons", []) if x == x}),
     }
-
-
-def flash_forward_backward(torch: Any, seq: int, batch: int, heads: int, kv: int, hd: int, dev: Any) -> Callable[[], object]:
-    """Causal flash attention forward + backward as measure/mcore.py runs it (and measure.kernels times it): [s, b, n,
-    d] tensors viewed as [b, n, s, d], keys and values with their KV groups unexpanded, the flash backend forced."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    bf = torch.bfloat16
-    leaves = [torch.randn(seq, batch, n, hd, dtype=bf, device=dev, requires_grad=True) for n in (heads, kv, kv)]
-    q, k, v = (x.permute(1, 2, 0, 3) for x in leaves)
-    grad = torch.randn(batch, heads, seq, hd, dtype=bf, device=dev)
-
-    def call() -> object:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
-            return torch.autograd.grad(out, leaves, grad)
-
-    return call
 
 
 def write_result(out: Path, name: str, torch: Any, dev: Any, **fields: object) -> None:

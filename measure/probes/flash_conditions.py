@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from measure.kernels import flash_forward_backward
 from measure.probes.conditions import (
     SLEEP_CYCLES,
-    flash_forward_backward,
     probe_cli,
     timed_condition,
     write_result,

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from measure.kernels import gemm_operands
 from measure.probes.conditions import SLEEP_CYCLES, probe_cli, timed_condition, write_result
 
 # (m, n, k, layout): among round 45's shapes furthest from the training steps' time (1.19-1.30x) and one
@@ -35,12 +36,8 @@ MIN_CALLS = 40
 
 
 def _operands(torch: Any, m: int, n: int, k: int, layout: str, condition: str, dev: Any) -> tuple[Any, Any]:
-    bf = torch.bfloat16
-    scale_b = 0.02 if condition == "weights" else 1.0
-    make = torch.zeros if condition == "zeros" else torch.randn
-    a = make(k, m, dtype=bf, device=dev).t() if layout == "tn" else make(m, k, dtype=bf, device=dev)
-    b = make(n, k, dtype=bf, device=dev).t() if layout == "nt" else make(k, n, dtype=bf, device=dev)
-    return a, b * scale_b
+    a, b = gemm_operands(torch, m, n, k, layout, dev, torch.zeros if condition == "zeros" else torch.randn)
+    return a, b * (0.02 if condition == "weights" else 1.0)
 
 
 def run(out: Path) -> None:
