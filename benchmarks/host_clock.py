@@ -7,7 +7,8 @@ Prepares every real training bundle's generated step (calib.models.host.prepare_
 calib/data as the kernel and network models) with GEMM and attention kernels scaled per run, fits the
 host model (`fit_runs`, with its leave-one-configuration-out error) and prints the fitted costs, the
 error and the largest held-out errors. Variants:
-- `none`: kernels as the kernel model times them (the profiled steps' clock);
+- `none`: kernels as the kernel model times them (its reference clock: the top clock, or the profiled steps'
+  in files written before calib.models.clock's reference `top`);
 - `measured`: each run at its own measured steps' clock (calib.models.clock.run_slowdown: its
   telemetry's ratio, the clock model at its measured share without telemetry), what `calib fit` does;
 - `heldout`: each run at the clock model's slowdown for its measured GEMM/attention share, the model
@@ -44,17 +45,22 @@ def main(argv: list[str]) -> int:
     if clock is None:
         print("the calibration has no clock model (power.clock): refit with `calib fit`")
         return 1
-    # prepare_run applies the calibration's clock itself; a flat one applies none, and each variant
+    # prepare_run applies the calibration's clock itself; without one it applies none, and each variant
     # scales the kernel model's times on its own.
-    flat = dataclasses.replace(cal, power={**cal.power, "clock": dataclasses.replace(clock, slope=0.0).to_dict()})
-    points = clock_points(chosen)
+    bare = dataclasses.replace(cal, power={k: v for k, v in cal.power.items() if k != "clock"})
+    points = (clock_points(chosen, clock.reference_clock_hz, clock.exponent) if clock.from_top
+              else clock_points(chosen))
+    share_of = {p.bundle: p.share for p in points}
     kernel = cal.kernel_model()
 
     def heldout(b: object) -> float:
         others = [p for p in points if p.config != b.manifest.spec.key()]  # type: ignore[attr-defined]
-        model, _ = ClockModel.fit(others)
-        shares = measured_shares(b)
-        return 1.0 if shares is None else model.slowdown(shares["compute"])
+        model, _ = ClockModel.fit(others, clock.reference, clock.exponent, clock.reference_clock_hz)
+        share = share_of.get(b.id)  # type: ignore[attr-defined]
+        if share is None:  # no telemetry: its profiled share, as run_slowdown takes it
+            shares = measured_shares(b)
+            share = None if shares is None else shares["compute"]
+        return 1.0 if share is None else model.slowdown(share)
 
     slowdown = {
         "none": lambda b: 1.0,
@@ -66,7 +72,7 @@ def main(argv: list[str]) -> int:
         runs = []
         for b in chosen:
             s = slowdown[name](b)
-            runs.append(prepare_run(b, _Timed(throttled(kernel.predict, s)), flat))
+            runs.append(prepare_run(b, _Timed(throttled(kernel.predict, s)), bare))
         model, err = fit_runs(runs)
         print_fit(name, model, err, time.perf_counter() - t)
     return 0

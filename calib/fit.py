@@ -24,7 +24,7 @@ from calib.bundle.io import Bundle, check_bundle
 from calib.bundle.schema import EVENT_TIMING_METHODS, KERNEL_BENCH_METHODS, KERNEL_TIMING_METHODS
 from calib.calibration import Calibration
 from calib.errors import CalibError
-from calib.models.clock import ClockModel, clock_points
+from calib.models.clock import CLOCK_EXPONENT, ClockModel, at_reference_clock, clock_points
 from calib.models.common import (
     BENCH_SOURCES,
     EVENT_BENCH,
@@ -69,6 +69,7 @@ from calib.ops import (
 )
 from calib.stack import measured_stack
 from calib.units import MIB
+from calib.validation.measured import profiled_clock_hz
 
 GOAL_PCT = {"kernel": 5.0, "network": 5.0, "power.energy_per_step": 5.0}
 ASTRA_ENDPOINT_SOURCE = "configured: ASTRA-sim default endpoint delay (10 ns; smaller groups always use 10 ns)"
@@ -188,7 +189,17 @@ def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
         df = split_k_reductions(df)
         return df.assign(bundle=b.id, source=KERNEL_BENCH, layout=memory_layouts(df, False))
     df = embedding_shapes(reduction_shapes(split_k_reductions(df), b), b)
-    return shared_pieces(df).assign(bundle=b.id, source="trace", layout=memory_layouts(df, False))
+    df = shared_pieces(df).assign(bundle=b.id, source="trace", layout=memory_layouts(df, False))
+    # The kernel model learns the steps' GEMM and attention kernels at the GPU's top clock: each run's profiled
+    # step held its own clock under the power cap (calib.models.clock, reference `top`).
+    return at_reference_clock(df, profiled_clock_hz(b), reference_clock_hz(b.manifest.gpu.name))
+
+
+def reference_clock_hz(gpu_name: str) -> float | None:
+    """The top SM clock the kernel model's GEMM and attention times are at: the configured peaks' (None for a GPU
+    calib has no peaks for, whose rows are then left at their runs' clocks)."""
+    pk = _maybe_peaks(gpu_name)
+    return pk.max_sm_clock_hz if pk is not None and pk.max_sm_clock_hz > 0 else None
 
 
 def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -822,9 +833,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
 def _fit_clock_section(cal: Calibration, chosen: list[Bundle]) -> None:
     """The SM clock's slowdown under the power cap (calib.models.clock), kept in the power section;
     fitted before the host model, which it moves (the host fit times each run at its own clock)."""
-    points = clock_points(chosen)
+    top = reference_clock_hz(chosen[0].manifest.gpu.name) if chosen else None
+    points = clock_points(chosen, top, CLOCK_EXPONENT) if top else clock_points(chosen)
     try:
-        clock, err = ClockModel.fit(points)
+        clock, err = (ClockModel.fit(points, "top", CLOCK_EXPONENT, top) if top else ClockModel.fit(points))
     except CalibError as exc:
         cal.provenance["power.clock"] = f"not calibrated: {exc}"
         return

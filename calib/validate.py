@@ -27,6 +27,7 @@ import numpy as np
 
 from calib.bundle.io import Bundle, bundle_sha256, load_bundles, read_bundle
 from calib.errors import CalibError
+from calib.models.clock import replay_exponent
 from calib.models.common import MODEL_FREE_METHODS
 from calib.models.host import run_own_launch
 from calib.validation import engine
@@ -392,7 +393,7 @@ def _replay_one(b: Bundle, cal: object, ms: object, breakdowns: dict[str, dict[s
     if not b.et_files():
         return _run_error(b, REPLAY, ms, None, note="bundle has no converted ETs (no profiled step)")
     try:
-        run = read_run_traces(b)
+        run = read_run_traces(b, replay_exponent(cal))
         breakdowns[b.id] = et_breakdown_s(run.traces)
         check_replayable(run, b.manifest.spec.pp, f"bundle {b.id}")
         if cal is None:

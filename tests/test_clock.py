@@ -152,3 +152,56 @@ def test_projection_applies_the_slowdown_to_gemm_heavy_steps() -> None:
     # Iterated to agreement within CLOCK_TOL, read back from a line that rounds both figures to 3 decimals.
     assert factor == pytest.approx(steep.slowdown(share), abs=CLOCK_TOL + 5e-4 + steep.slope * 5e-4)
     assert not any(c.startswith("SM clock") for c in fast.calibrated)
+
+
+def test_at_reference_clock_scales_gemm_and_attention_rows_only() -> None:
+    from calib.models.clock import at_reference_clock
+
+    rows = pd.DataFrame({"op_class": ["gemm", "memory", "attention", "other"], "time_s": [1.0, 1.0, 2.0, 1.0]})
+    out = at_reference_clock(rows, 1.65e9, 1.98e9, 0.6)
+    factor = (1.65 / 1.98) ** 0.6
+    assert out["time_s"].tolist() == pytest.approx([factor, 1.0, 2 * factor, 1.0])
+    assert out["clock_scale"].tolist() == pytest.approx([factor, 1.0, factor, 1.0])
+    assert rows["time_s"].tolist() == [1.0, 1.0, 2.0, 1.0]  # the caller's rows are left as they were
+    for prof, ref in ((None, 1.98e9), (1.65e9, None), (float("nan"), 1.98e9)):
+        kept = at_reference_clock(rows, prof, ref)
+        assert kept["time_s"].tolist() == rows["time_s"].tolist() and set(kept["clock_scale"]) == {1.0}
+
+
+def test_top_reference_round_trip_and_refusals() -> None:
+    model, _ = ClockModel.fit(_points(0.28, 0.4, list(np.linspace(0.05, 0.44, 9))), "top", 0.6, 1.98e9)
+    back = ClockModel.from_dict(model.to_dict())
+    assert back.from_top and back.exponent == 0.6 and back.reference_clock_hz == 1.98e9
+    assert back.slowdown(0.44) == pytest.approx(back.clock_ratio(0.44) ** 0.6) and back.slowdown(0.44) > 1.0
+    old = {k: v for k, v in model.to_dict().items() if k not in ("reference", "exponent", "reference_clock_hz")}
+    legacy = ClockModel.from_dict(old)  # a file written before the reference: profiled clocks, exponent 1
+    assert not legacy.from_top and legacy.exponent == 1.0 and legacy.slowdown(0.44) == legacy.clock_ratio(0.44)
+    with pytest.raises(CalibError, match="reference 'x'"):
+        ClockModel.from_dict({**model.to_dict(), "reference": "x"})
+    with pytest.raises(CalibError, match="reference_clock_hz"):
+        ClockModel.from_dict({**model.to_dict(), "reference_clock_hz": None})
+    with pytest.raises(CalibError, match="exponent"):
+        ClockModel.from_dict({**model.to_dict(), "exponent": 0})
+
+
+def test_top_reference_points_and_run_slowdown() -> None:
+    """Reference `top`: the ratio is the top clock over the measured steps', the share at the top clock, and a run's
+    kernels are slowed to its own measured clock from its telemetry, a flat model's too (the kernel model is at the
+    top clock)."""
+    if not (TRACES / "h200").is_dir():
+        pytest.skip("no committed H200 bundles")
+    bundles = load_bundles([TRACES / "h200" / n for n in ("llama70b-tp2-mbs2-rcsel", "mixtral-tp2-sp-s256",
+                                                          "llama8b-tp2-notel", "gpt13b-1gpu-mbs2", "llama8b-tp2")])
+    profiled = {p.bundle: p for p in clock_points(bundles)}
+    top = {p.bundle: p for p in clock_points(bundles, 1.98e9, 0.6)}
+    assert set(top) == set(profiled) and "llama8b-tp2-notel" not in top
+    capped = top["llama70b-tp2-mbs2-rcsel"]
+    assert capped.ratio == pytest.approx(1980 / 1725, rel=1e-3)
+    assert capped.share == pytest.approx(profiled[capped.bundle].share * (1912.5 / 1980) ** 0.6, rel=1e-3)
+    model, _ = ClockModel.fit([*top.values(), ClockPoint("x", "cx", 0.5, 1.2)], "top", 0.6, 1.98e9)
+    b = bundles[0]
+    assert run_slowdown(b, model) == pytest.approx((1980 / 1725) ** 0.6, rel=1e-3)
+    assert run_slowdown(b, dataclasses.replace(model, slope=0.0)) == pytest.approx((1980 / 1725) ** 0.6, rel=1e-3)
+    twin = bundles[2]  # no telemetry: the model at its share
+    from calib.models.power import measured_shares
+    assert run_slowdown(twin, model) == pytest.approx(model.slowdown(measured_shares(twin)["compute"]))

@@ -188,3 +188,26 @@ def test_a_harness_repeated_on_another_host_is_paired_with_its_first_run() -> No
         t = t[(t["kind"] == sel["kind"]) & (t["group_size"] == sel["group_size"]) & (t["bytes"] == sel["bytes"])]
         assert row[col] == pytest.approx(float(t["time_s"].median()))
     assert host_repeats([by_id["collectives-2gpu-kernel-r21"]]).empty
+
+
+def test_kernel_rows_at_the_top_clock() -> None:
+    """A training step's GEMM and attention rows are read as they would take at the GPU's top clock (their run's
+    profiled clock under the power cap, calib.models.clock); memory-bound rows and microbenchmark rows as measured."""
+    from calib.bundle.io import read_bundle
+    from calib.validation.measured import profiled_clock_hz
+
+    path = TRACES / "h200" / "llama70b-tp2-mbs2-rcsel"
+    if not path.is_dir():
+        pytest.skip("no committed bundle llama70b-tp2-mbs2-rcsel")
+    b = read_bundle(path)
+    rows, _ = kernel_rows([b])
+    factor = (profiled_clock_hz(b) / PEAKS["H200"].max_sm_clock_hz) ** 0.6
+    assert profiled_clock_hz(b) == pytest.approx(1912.5e6, rel=1e-3) and factor < 0.99
+    flop = rows["op_class"].isin(["gemm", "attention"]).to_numpy()
+    assert flop.any() and (~flop).any()
+    assert rows.loc[flop, "clock_scale"].to_numpy() == pytest.approx(factor)
+    assert set(rows.loc[~flop, "clock_scale"]) == {1.0}
+    raw = b.table("kernels")
+    gemm = raw[(raw["op_class"] == "gemm") & ~raw["name"].astype(str).str.startswith("nccl")]
+    assert rows.loc[rows["op_class"] == "gemm", "time_s"].sum() == pytest.approx(
+        factor * gemm["time_s"].sum(), rel=0.02)  # split-K reductions move a little time out of the GEMMs

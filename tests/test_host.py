@@ -440,6 +440,7 @@ def test_replay_recosting_equals_building_anew() -> None:
 
     from calib.bundle.io import read_bundle
     from calib.calibration import Calibration
+    from calib.models.clock import replay_exponent
     from calib.models.host import replay_run
     from calib.project import default_calibration_path
     from calib.validation import engine
@@ -450,7 +451,7 @@ def test_replay_recosting_equals_building_anew() -> None:
     cal = Calibration.load(default_calibration_path("h200"))
     run = replay_run(bundle, cal, 1e-4)
     network, system = engine.replay_network(bundle, cal)
-    base = replay_workload(read_run_traces(bundle))
+    base = replay_workload(read_run_traces(bundle, replay_exponent(cal)))  # as replay_run reads it
     hosted = add_host_to_replay(base, 0.0, 0.0).classes[0].trace
     assert run.p2p_syncs > 0 and count_reads(hosted) > 0 and run.syncs == 0  # its reads cost no sync time
     # re-costed in place, down and up

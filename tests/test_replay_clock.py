@@ -38,3 +38,11 @@ def test_replay_scales_gemm_and_attention_only() -> None:
     assert [n.attr("duration_ns") for n in out.nodes] == [110_000, 100_000, 55_000]
     assert [n.attr("duration_ns") for n in et.nodes] == [100_000, 100_000, 50_000]  # the input is left alone
     assert [n.attr("duration_ns") for n in replay_trace(et).nodes] == [100_000, 100_000, 50_000]
+
+
+def test_replay_follows_the_calibrations_clock_exponent() -> None:
+    from calib.validation.replay import read_run_traces
+
+    b = _bundle("llama70b-tp2-mbs2-rcsel")
+    assert read_run_traces(b).clock_scale == pytest.approx(1912.5 / 1725, rel=1e-3)
+    assert read_run_traces(b, 0.6).clock_scale == pytest.approx((1912.5 / 1725) ** 0.6, rel=1e-3)

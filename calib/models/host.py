@@ -828,8 +828,8 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     model, par = engine.model_of(spec), engine.parallel_of(spec)
     network, system = engine.replay_network(bundle, calibration)
     cache: dict[tuple[float, float, float, float], float] = {}
-    # Each run at the SM clock its measured steps ran at: the kernel model learned kernels of profiled
-    # steps, which power-capped runs ran at a higher clock (calib.models.clock).
+    # Each run at the SM clock its measured steps ran at: the kernel model times kernels at the top clock (or,
+    # in older files, at the profiled steps' clock, which power-capped runs held higher; calib.models.clock).
     clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
     # Generated once: each trial cost only re-adds the host launches (Relaunchable.at), in a quarter
     # of the time of generating the step again, or re-costs a workload it built before.
@@ -924,6 +924,7 @@ def collector_paused() -> Iterator[None]:
 def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     """The replayed step-time function of one bundle's converted ETs with host launches at a trial
     launch cost (calib.validation.replay semantics: measured kernel durations, simulated network)."""
+    from calib.models.clock import replay_exponent
     from calib.sim import simulate
     from calib.validation import engine
     from calib.validation.measured import measured_step
@@ -931,7 +932,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.workload.host import add_host_to_replay, host_recoster, set_rendezvous
 
     spec = bundle.manifest.spec
-    run = read_run_traces(bundle)
+    run = read_run_traces(bundle, replay_exponent(calibration))
     check_replayable(run, spec.pp, f"bundle {bundle.id}")
     network, system = engine.replay_network(bundle, calibration)
     base = replay_workload(run)

@@ -152,6 +152,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         split_dtypes: bool = False,
         split_ops: bool = True,
         residual: bool = True,
+        level_sources: tuple[str, ...] = LEVEL_SOURCES,
     ) -> None:
         self.peaks = peaks
         self.max_segments = max_segments
@@ -160,6 +161,7 @@ class KernelModel(BaseEstimator, RegressorMixin):
         self.split_dtypes = split_dtypes
         self.split_ops = split_ops
         self.residual = residual
+        self.level_sources = level_sources  # row sources whose level a curve fits apart (`source_levels`)
 
     # ---- features ------------------------------------------------------------------------
     def _features(self, X: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -279,8 +281,8 @@ class KernelModel(BaseEstimator, RegressorMixin):
         grid = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
         # A source gets a level of its own only beside rows of the steps, which then set the curve's.
         src = f["source"][sel]
-        steps = ~np.isin(src, LEVEL_SOURCES)
-        level_names = [s for s in LEVEL_SOURCES if steps.any() and (src == s).any()]
+        steps = ~np.isin(src, list(self.level_sources))
+        level_names = [s for s in self.level_sources if steps.any() and (src == s).any()]
         levels = np.column_stack([src == s for s in level_names]).astype(float) if level_names else None
 
         def trial(t0: float, tb: float, a: np.ndarray) -> tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]:

@@ -133,21 +133,44 @@ def profiled_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float:
 
 def measured_clock_ratio(bundle: Bundle, min_samples: int = 3) -> float | None:
     """profiled_clock_ratio, or None where the telemetry cannot say (computed once per bundle)."""
-    return bundle.derived(("measured_clock_ratio", min_samples), lambda: _measured_clock_ratio(bundle, min_samples))
+    def ratio() -> float | None:
+        pairs = _window_clocks(bundle, min_samples)
+        return float(np.median([p / m for p, m in pairs])) if pairs else None
+
+    return bundle.derived(("measured_clock_ratio", min_samples), ratio)
 
 
-def _measured_clock_ratio(bundle: Bundle, min_samples: int) -> float | None:
+def profiled_clock_hz(bundle: Bundle, min_samples: int = 3) -> float | None:
+    """The SM clock (Hz) the profiled step's kernels ran at: per GPU the median telemetry sample of the profiled
+    window, then the median over GPUs; None where the telemetry cannot say (as measured_clock_ratio)."""
+    pairs = _window_clocks(bundle, min_samples)
+    return float(np.median([p for p, _ in pairs])) if pairs else None
+
+
+def measured_clock_hz(bundle: Bundle, min_samples: int = 3) -> float | None:
+    """The SM clock (Hz) of the measured, unprofiled steps, as profiled_clock_hz takes the profiled step's."""
+    pairs = _window_clocks(bundle, min_samples)
+    return float(np.median([m for _, m in pairs])) if pairs else None
+
+
+def _window_clocks(bundle: Bundle, min_samples: int) -> list[tuple[float, float]]:
+    """Per GPU whose telemetry has `min_samples` SM clock samples in both windows: (median clock of the profiled
+    steps' window, of the measured steps' window), in Hz. Computed once per bundle."""
+    return bundle.derived(("window_clocks", min_samples), lambda: _read_window_clocks(bundle, min_samples))
+
+
+def _read_window_clocks(bundle: Bundle, min_samples: int) -> list[tuple[float, float]]:
     if not bundle.has("telemetry"):
-        return None
+        return []
     tel = bundle.table("telemetry")
     steps = bundle.table("steps")
     if tel.empty or "sm_clock_hz" not in tel.columns or steps.empty:
-        return None
+        return []
     prof = steps["profiled"].astype(bool)
     if not prof.any() or prof.all():
-        return None
+        return []
     windows = [steps_span_s(steps[prof]), steps_span_s(steps[~prof])]
-    ratios = []
+    pairs = []
     for _, g in tel.groupby("gpu"):
         clock = []
         for lo, hi in windows:
@@ -155,8 +178,8 @@ def _measured_clock_ratio(bundle: Bundle, min_samples: int) -> float | None:
             w = w[np.isfinite(w) & (w > 0)]
             clock.append(float(np.median(w)) if len(w) >= min_samples else float("nan"))
         if all(np.isfinite(clock)):
-            ratios.append(clock[0] / clock[1])
-    return float(np.median(ratios)) if ratios else None
+            pairs.append((clock[0], clock[1]))
+    return pairs
 
 
 def measured_energy_per_step_j(bundle: Bundle) -> float | None:

@@ -2,9 +2,10 @@
 
 How a converted ET is replayed (what "replay" means in every report):
   - GPU kernels (COMP nodes) keep their measured durations (attr duration_ns), except that GEMM and
-    attention kernels are scaled by the run's profiled-over-measured SM clock ratio
-    (calib.validation.measured.profiled_clock_ratio: under the power cap the unprofiled steps run at a
-    lower clock than the profiled one; memory-bound kernels follow the HBM clock, which does not move);
+    attention kernels are scaled by the run's profiled-over-measured SM clock ratio to the calibration's
+    clock exponent (calib.validation.measured.profiled_clock_ratio, calib.models.clock: under the power
+    cap the unprofiled steps run at a lower clock than the profiled one; memory-bound kernels follow the
+    HBM clock, which does not move);
   - host time is not replayed: calib's converter folds CPU ops into the idle gap before each GPU
     node (attr gap_ns), which the simulator does not replay, and any is_cpu_op node (an ET from
     another converter) is replayed as 0 ns. Under the profiler the host side is several times
@@ -41,11 +42,13 @@ class RunTraces:
     traces: dict[int, ExecutionTrace]
     comm_groups: dict[int, list[int]]
     uneven: int = 0  # variable-size collectives evened out, set by replay_workload
-    clock_scale: float = 1.0  # profiled over measured SM clock (calib.validation.measured.profiled_clock_ratio)
+    clock_scale: float = 1.0  # on GEMM and attention kernels: the profiled over the measured SM clock ^ the exponent
 
 
-def read_run_traces(bundle: Bundle) -> RunTraces:
-    """The bundle's et/rank.N.et.gz and et/comm_groups.json; CalibError when a rank is missing."""
+def read_run_traces(bundle: Bundle, clock_exponent: float = 1.0) -> RunTraces:
+    """The bundle's et/rank.N.et.gz and et/comm_groups.json; CalibError when a rank is missing. GEMM and attention
+    kernels will replay at the measured steps' clock, their time going as clock ^ -clock_exponent
+    (calib.models.clock.replay_exponent of the calibration)."""
     from calib.chakra.codec import read_et
 
     files = bundle.et_files()
@@ -65,7 +68,7 @@ def read_run_traces(bundle: Bundle) -> RunTraces:
             raise CalibError(f"bundle {bundle.path}: et/comm_groups.json is not a {{id: [ranks]}} map ({exc})") from None
     from calib.validation.measured import profiled_clock_ratio
 
-    return RunTraces(traces, groups, clock_scale=profiled_clock_ratio(bundle))
+    return RunTraces(traces, groups, clock_scale=profiled_clock_ratio(bundle) ** clock_exponent)
 
 
 def check_replayable(run: RunTraces, pp: int, source: str) -> None:
