@@ -11,8 +11,9 @@ error and the largest held-out errors. Variants:
   in files written before calib.models.clock's reference `top`);
 - `measured`: each run at its own measured steps' clock (calib.models.clock.run_slowdown: its
   telemetry's ratio, the clock model at its measured share without telemetry), what `calib fit` does;
-- `heldout`: each run at the clock model's slowdown for its measured GEMM/attention share, the model
-  fitted without the run's configuration (what a projection of an unmeasured run can know).
+- `heldout`: each run at the clock model's slowdown for its measured input (GEMM/attention share or GEMM
+  FLOP rate), the model fitted without the run's configuration (what a projection of an unmeasured run can
+  know).
 About a minute per variant on 2 cores.
 """
 
@@ -37,7 +38,6 @@ def main(argv: list[str]) -> int:
 
     from calib.models.clock import ClockModel, clock_points, run_slowdown, throttled
     from calib.models.host import fit_runs, prepare_run
-    from calib.models.power import measured_shares
 
     names = [a for a in argv if a in VARIANTS] or list(VARIANTS)
     chosen, cal = training_bundles([a for a in argv if a not in VARIANTS])
@@ -48,19 +48,20 @@ def main(argv: list[str]) -> int:
     # prepare_run applies the calibration's clock itself; without one it applies none, and each variant
     # scales the kernel model's times on its own.
     bare = dataclasses.replace(cal, power={k: v for k, v in cal.power.items() if k != "clock"})
-    points = (clock_points(chosen, clock.reference_clock_hz, clock.exponent) if clock.from_top
+    rate_peak = clock.peak_flops_per_s if clock.feature == "gemm_flop_rate" else None
+    points = (clock_points(chosen, clock.reference_clock_hz, clock.exponent, rate_peak) if clock.from_top
               else clock_points(chosen))
-    share_of = {p.bundle: p.share for p in points}
+    input_of = {p.bundle: p.x(clock.feature) for p in points}
     kernel = cal.kernel_model()
 
     def heldout(b: object) -> float:
         others = [p for p in points if p.config != b.manifest.spec.key()]  # type: ignore[attr-defined]
-        model, _ = ClockModel.fit(others, clock.reference, clock.exponent, clock.reference_clock_hz)
-        share = share_of.get(b.id)  # type: ignore[attr-defined]
-        if share is None:  # no telemetry: its profiled share, as run_slowdown takes it
-            shares = measured_shares(b)
-            share = None if shares is None else shares["compute"]
-        return 1.0 if share is None else model.slowdown(share)
+        model, _ = ClockModel.fit(others, clock.reference, clock.exponent, clock.reference_clock_hz, clock.feature,
+                                  clock.peak_flops_per_s)
+        x = input_of.get(b.id)  # type: ignore[attr-defined]
+        if x is None:  # no telemetry: its profiled step's input, as run_slowdown takes it
+            x = clock.measured_input(b)
+        return 1.0 if x is None else model.slowdown(x)
 
     slowdown = {
         "none": lambda b: 1.0,

@@ -31,11 +31,11 @@ SHAPE = ["m", "n", "k", "batch"]
 
 
 def _gemms(bundles: list) -> pd.DataFrame:
-    from calib.fit import _kernel_frame
+    from calib.fit import _kernel_frame, reference_clock_hz
 
     frames = []
     for b in bundles:
-        df = _kernel_frame(b)
+        df = _kernel_frame(b, reference_clock_hz(b.manifest.gpu.name))
         if df is None:
             continue
         g = df[(df["op_class"].astype(str) == "gemm") & df["aten_op"].astype(str).str.endswith("mm")]
@@ -59,10 +59,10 @@ def ratios(gemms: pd.DataFrame, by_kernel: bool) -> pd.DataFrame:
 def flash_medians(bundles: list) -> pd.DataFrame:
     """Median flash-attention op time (s; its kernels summed, calib.models.kernel.op_instances) per pass and FLOPs,
     for the training steps (`steps`) and the kernel-timed microbenchmark (`bench`), where both measured it."""
-    from calib.fit import _kernel_frame
+    from calib.fit import _kernel_frame, reference_clock_hz
     from calib.models.kernel import op_instances
 
-    frames = [df for df in (_kernel_frame(b) for b in bundles) if df is not None]
+    frames = [df for df in (_kernel_frame(b, reference_clock_hz(b.manifest.gpu.name)) for b in bundles) if df is not None]
     ops = op_instances(pd.concat(frames, ignore_index=True))
     ops = ops[ops["aten_op"].astype(str).str.contains("flash_attention")]
     ops = ops.assign(**{"pass": np.where(ops["aten_op"].astype(str).str.contains("backward"), "bwd", "fwd")})
@@ -124,13 +124,13 @@ def probe_table(path: Path) -> pd.DataFrame:
 def repeat_summary(first: Path, again: Path) -> dict:
     """Per shape of two kernel-timed kernels bundles, |again / first - 1| in percent: overall and by op class."""
     from calib.bundle.io import load_bundles
-    from calib.fit import _kernel_frame
+    from calib.fit import _kernel_frame, reference_clock_hz
     from calib.models.kernel import shape_keys, shape_table
 
     medians = []
     for path in (first, again):
         b = load_bundles([path])[0]
-        frame = _kernel_frame(b)
+        frame = _kernel_frame(b, reference_clock_hz(b.manifest.gpu.name))
         if frame is None:
             raise SystemExit(f"{path}: no kernel rows")
         shapes, t, _ = shape_table(frame)

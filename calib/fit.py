@@ -149,23 +149,26 @@ def superseded_kernel_benches(bundles: Sequence[Bundle]) -> list[Bundle]:
             and gpu_family(b.manifest.gpu.name) in timed]
 
 
-def kernel_rows(bundles: Sequence[Bundle]) -> tuple[pd.DataFrame, list[Bundle]]:
+def kernel_rows(bundles: Sequence[Bundle], peaks: GpuPeaks | None = None) -> tuple[pd.DataFrame, list[Bundle]]:
     """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles, less the
-    superseded microbenchmarks (`superseded_kernel_benches`)."""
+    superseded microbenchmarks (`superseded_kernel_benches`); training steps' GEMM and attention rows at the top
+    clock of `peaks` (`reference_clock_hz`: each bundle's configured peaks' without)."""
     frames, used = [], []
     superseded = {b.id for b in superseded_kernel_benches(bundles)}
     for b in bundles:
         if b.id in superseded:
             continue
-        df = b.derived("kernel_rows", lambda b=b: _kernel_frame(b))
+        top = _top_clock_hz(peaks) if peaks is not None else reference_clock_hz(b.manifest.gpu.name)
+        df = b.derived(("kernel_rows", top), lambda b=b, top=top: _kernel_frame(b, top))
         if df is not None:
             frames.append(df)
             used.append(b)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), used
 
 
-def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
-    """One bundle's rows of `kernel_rows`, or None where it has none."""
+def _kernel_frame(b: Bundle, top_clock_hz: float | None = None) -> pd.DataFrame | None:
+    """One bundle's rows of `kernel_rows`, or None where it has none; steps' GEMM and attention rows at
+    `top_clock_hz` (left at their runs' clocks without one)."""
     if b.manifest.kind not in ("kernels", "training") or not b.has("kernels"):
         return None
     df = b.table("kernels")
@@ -192,14 +195,17 @@ def _kernel_frame(b: Bundle) -> pd.DataFrame | None:
     df = shared_pieces(df).assign(bundle=b.id, source="trace", layout=memory_layouts(df, False))
     # The kernel model learns the steps' GEMM and attention kernels at the GPU's top clock: each run's profiled
     # step held its own clock under the power cap (calib.models.clock, reference `top`).
-    return at_reference_clock(df, profiled_clock_hz(b), reference_clock_hz(b.manifest.gpu.name))
+    return at_reference_clock(df, profiled_clock_hz(b), top_clock_hz)
 
 
 def reference_clock_hz(gpu_name: str) -> float | None:
     """The top SM clock the kernel model's GEMM and attention times are at: the configured peaks' (None for a GPU
     calib has no peaks for, whose rows are then left at their runs' clocks)."""
-    pk = _maybe_peaks(gpu_name)
-    return pk.max_sm_clock_hz if pk is not None and pk.max_sm_clock_hz > 0 else None
+    return _top_clock_hz(_maybe_peaks(gpu_name))
+
+
+def _top_clock_hz(peaks: GpuPeaks | None) -> float | None:
+    return peaks.max_sm_clock_hz if peaks is not None and peaks.max_sm_clock_hz > 0 else None
 
 
 def split_k_reductions(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -749,8 +755,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     if len(names) > 1:
         prov["gpu"] = f"configured: mixed on request (--allow-mixed-gpus): {', '.join(names)}; roofline peaks of {gpu_name}"
 
-    rows, kb = kernel_rows(chosen)
-    peaks = opts.peaks
+    # One set of peaks for the roofline, the rows' and the clock model's top clock and the NVLink domain: the
+    # user's (--peaks) or the configured ones of the GPU.
+    peaks = opts.peaks or _maybe_peaks(gpu_name)
+    rows, kb = kernel_rows(chosen, peaks)
     if not rows.empty:
         peaks = peaks or peaks_for_gpu(gpu_name)
         kmodel, kerr = fit_kernels(rows, peaks, opts)
@@ -776,7 +784,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     if not micro.empty or not train.empty:
         # The NVLink domain is the board's NVSwitch (8 GPUs on HGX/DGX H100/H200, configured),
         # not the GPUs one run happened to use.
-        pk = peaks or _maybe_peaks(gpu_name)
+        pk = peaks
         per_node = max([b.manifest.gpu.count for b in chosen] + [pk.gpus_per_node if pk else 0]) or 8
         nmodel, nerr, skipped = fit_network(micro, train, per_node, opts)
         cal.network = nmodel.to_dict()
@@ -801,7 +809,7 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     else:
         prov["network"] = "not calibrated: no collectives in the bundles"
 
-    pmodel, perr, pused, pskipped, pflops = fit_power(chosen, peaks or _maybe_peaks(gpu_name))
+    pmodel, perr, pused, pskipped, pflops = fit_power(chosen, peaks)
     if pmodel is not None:
         cal.power = pmodel.to_dict()
         if pskipped:
@@ -816,9 +824,9 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
             prov[f"power.power_by_activity_w.{act}"] = f"not calibrated: no run had {act} activity; the idle power is used"
         prov["power.peak_power_w"] = f"calibrated: {ids}"
         prov["power.throttle_factor"] = f"calibrated: {ids}"
-        pk = peaks or _maybe_peaks(gpu_name)
-        prov["power.max_sm_clock_hz"] = f"configured: {pk.source}" if pk else f"calibrated: {ids} (largest clock seen)"
-        _fit_clock_section(cal, chosen)
+        prov["power.max_sm_clock_hz"] = (f"configured: {peaks.source}" if peaks else
+                                         f"calibrated: {ids} (largest clock seen)")
+        _fit_clock_section(cal, chosen, peaks)
     else:
         prov["power"] = "not calibrated: no training bundle with telemetry and profiled kernels"
 
@@ -830,13 +838,19 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     return cal
 
 
-def _fit_clock_section(cal: Calibration, chosen: list[Bundle]) -> None:
-    """The SM clock's slowdown under the power cap (calib.models.clock), kept in the power section;
-    fitted before the host model, which it moves (the host fit times each run at its own clock)."""
-    top = reference_clock_hz(chosen[0].manifest.gpu.name) if chosen else None
-    points = clock_points(chosen, top, CLOCK_EXPONENT) if top else clock_points(chosen)
+def _fit_clock_section(cal: Calibration, chosen: list[Bundle], peaks: GpuPeaks | None) -> None:
+    """The SM clock's slowdown under the power cap (calib.models.clock), kept in the power section; fitted before
+    the host model, which it moves (the host fit times each run at its own clock). With peaks: against the top clock
+    (the kernel rows' reference) and the GEMM FLOP rate over the bf16 peak; without: the legacy ratio and share."""
+    top = _top_clock_hz(peaks)
+    if top and peaks is not None:
+        peak_flops = peaks.flops_for("bf16")
+        points = clock_points(chosen, top, CLOCK_EXPONENT, peak_flops)
+    else:
+        points = clock_points(chosen)
     try:
-        clock, err = (ClockModel.fit(points, "top", CLOCK_EXPONENT, top) if top else ClockModel.fit(points))
+        clock, err = (ClockModel.fit(points, "top", CLOCK_EXPONENT, top, "gemm_flop_rate", peak_flops) if top
+                      else ClockModel.fit(points))
     except CalibError as exc:
         cal.provenance["power.clock"] = f"not calibrated: {exc}"
         return

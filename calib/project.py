@@ -21,7 +21,7 @@ import pandas as pd
 
 from calib.cluster import ClusterPreset
 from calib.errors import CalibError
-from calib.models.clock import ClockModel, throttled
+from calib.models.clock import ClockModel, clock_of, throttled
 from calib.models.host import own_pace_factor
 from calib.models.memory import MemoryModel, device_memory
 from calib.sim import BACKENDS, simulate
@@ -255,18 +255,20 @@ def project(
     # The power cap's clock (calib.models.clock) is settled on the embedded simulator, so that the
     # emitted ASTRA-sim inputs and an ASTRA-sim run are those of the final step.
     settled = None
-    clock = calibration.clock_model() if calibration is not None and hasattr(calibration, "clock_model") else None
+    clock = clock_of(calibration)
     if clock is not None and clock.slows:
         def embedded(g: GeneratedStep) -> SimResult:
             return simulate(g.workload, network, system)
 
-        gen, settled, slowdown, share = _at_power_cap_clock(gen, embedded(gen), clock, model, par, kernel_time, host,
-                                                            embedded)
-        calibrated.append(f"SM clock under the power cap: GEMM and attention kernels x{slowdown:.3f} at a GEMM/"
-                          f"attention share of {share:.3f} of the step (clock model)")
-        if clock.beyond_measured(share):
-            notes.append(f"GEMM/attention share {share:.2f} is above the largest measured ({clock.top:.2f}): the "
-                         "power cap's clock slowdown is held at that share's")
+        gen, settled, slowdown, x = _at_power_cap_clock(gen, embedded(gen), clock, model, par, kernel_time, host,
+                                                        embedded)
+        what = (f"a GEMM FLOP rate of {x:.3f} of {clock.peak_flops_per_s / 1e12:.0f} TFLOP/s"
+                if clock.feature == "gemm_flop_rate" else f"a GEMM/attention share of {x:.3f} of the step")
+        calibrated.append(f"SM clock under the power cap: GEMM and attention kernels x{slowdown:.3f} at {what} "
+                          "(clock model)")
+        if clock.beyond_measured(x):
+            notes.append(f"{what[2:]} is above the largest measured ({clock.top:.2f}): the power cap's clock "
+                         "slowdown is held at that input's")
         if mismatch:
             transferred.append(f"clock model (fitted on {calibration.gpu})")  # type: ignore[union-attr]
 
@@ -359,32 +361,37 @@ CLOCK_ROUNDS = 4  # simulations at most to settle the clock; each moves the slow
 CLOCK_TOL = 1e-3  # slowdowns closer than this are one
 
 
-def _flop_share(gen: GeneratedStep, result: SimResult, slowdown: float) -> float:
-    """GEMM and attention time at the unthrottled clock over the step, the mean over ranks (as
-    calib.models.clock's measured shares are)."""
+def _clock_input(gen: GeneratedStep, result: SimResult, slowdown: float, clock: ClockModel) -> float:
+    """The clock model's input for the simulated step, the mean over ranks (as calib.models.clock's measured
+    points take it): GEMM and attention time at the unthrottled clock over the step, or GEMM FLOPs over it."""
     step = result.step_time_s
+    if not step > 0:
+        return 0.0
     members = [len(c.members) for c in gen.workload.classes]
     flop = [(c - m) / slowdown for c, m in zip(gen.stage_compute_s, gen.stage_memory_s, strict=True)]
-    return float(np.average(flop, weights=members) / step) if step > 0 else 0.0
+    gemm = [gen.stage_flops(s, ("gemm",)) for s in range(len(members))]
+    return clock.step_input(float(np.average(flop, weights=members) / step),
+                            float(np.average(gemm, weights=members) / step))
 
 
 def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel, model: ModelSpec,
                         par: ParallelConfig, kernel_time: KernelTime, host: object,
                         run: Callable[[GeneratedStep], SimResult]) -> tuple[GeneratedStep, SimResult, float, float]:
     """The step with GEMM and attention kernels at the clock the power cap leaves them (calib.models.clock):
-    the slowdown follows the step's GEMM/attention share, which the slowdown lengthens, so the two are
-    iterated to agreement. Returns the generated step, its result, the slowdown and the share."""
+    the slowdown follows the step's input (GEMM/attention share or GEMM FLOP rate), which the slowdown
+    lowers, so the two are iterated to agreement. Returns the generated step, its result, the slowdown and
+    the input."""
     slowdown = 1.0
-    share = _flop_share(gen, result, slowdown)
+    x = _clock_input(gen, result, slowdown, clock)
     for _ in range(CLOCK_ROUNDS):
-        target = clock.slowdown(share)
+        target = clock.slowdown(x)
         if abs(target - slowdown) < CLOCK_TOL:
             break
         slowdown = target
         gen = generate(model, par, throttled(kernel_time, slowdown), host)  # type: ignore[arg-type]
         result = run(gen)
-        share = _flop_share(gen, result, slowdown)
-    return gen, result, slowdown, share
+        x = _clock_input(gen, result, slowdown, clock)
+    return gen, result, slowdown, x
 
 
 def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tuple[dict[str, float], int]:

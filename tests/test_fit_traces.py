@@ -6,6 +6,7 @@ predicts the other part within (a margin of) the cross-validated error that the 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +212,8 @@ def test_kernel_rows_at_the_top_clock() -> None:
     gemm = raw[(raw["op_class"] == "gemm") & ~raw["name"].astype(str).str.startswith("nccl")]
     assert rows.loc[rows["op_class"] == "gemm", "time_s"].sum() == pytest.approx(
         factor * gemm["time_s"].sum(), rel=0.02)  # split-K reductions move a little time out of the GEMMs
+    # A user's peaks (calib fit --peaks) set the top clock the rows are read at, not the configured ones.
+    faster = dataclasses.replace(PEAKS["H200"], max_sm_clock_hz=2.2e9)
+    own, _ = kernel_rows([b], faster)
+    assert own.loc[flop, "clock_scale"].to_numpy() == pytest.approx((profiled_clock_hz(b) / 2.2e9) ** 0.6)
+    assert rows.loc[flop, "clock_scale"].to_numpy() == pytest.approx(factor)  # the configured rows kept apart

@@ -6,16 +6,30 @@ cap. The kernel model learns kernels timed in profiled steps, whose host the pro
 idles more there and stays under the cap, so a GEMM-heavy run's unprofiled steps, whose time is the
 measured step, run its compute-bound kernels at up to 11 % lower clock than the kernel model saw
 (calib.validation.measured.profiled_clock_ratio; docs/host.md, "The power cap's clock in generated
-steps"). How far the clock falls follows how much of the step the GPU spends in GEMM and attention
-kernels, which a projection knows once it has simulated the step:
+steps"). How far the clock falls follows how hard the step drives the GPU, which a projection knows
+once it has simulated the step:
 
-    clock ratio(share) = 1 + slope * max(min(share, top) - knee, 0),   slowdown = ratio ^ exponent
+    clock ratio(x) = 1 + slope * max(min(x, top) - knee, 0),   slowdown = ratio ^ exponent
 
-share: time with a GEMM or attention kernel running over the step time, those kernels at the kernel
-model's clock (calib.models.power.measured_shares' "compute" for a measured run; the generated step's
-GEMM and attention time over its simulated step for a projection); top: the largest share measured
-(beyond it the slowdown is held: nothing was measured there). GEMM and attention kernels are scaled by
-the slowdown; memory-bound kernels follow the HBM clock, which does not move under the cap.
+x, the model's input (`feature`):
+- `gemm_flop_rate` (calib fit since the fifty-fifth session): GEMM FLOPs per second of the step over the GPU's
+  dense bf16 peak (`peak_flops_per_s`): a measured run's profiled GEMM kernels' FLOPs per rank and step over its
+  measured step time (measured_gemm_flop_rate), a projection's generated GEMM FLOPs over its simulated step. A step
+  at the cap's clock draws the cap; the more GEMM work per second it does there, the less energy each FLOP may
+  take, so the lower the clock. Over the committed runs it predicts held-out configurations' clocks better than
+  the share below: H200 1.28 / 6.8 % against 1.62 / 10.5 % (mean / max), H100 1.24 / 6.1 % against 1.52 / 9.7 %;
+  adding flash attention's FLOPs (a small part of its kernels' time) or the memory-bound share did not help
+  (docs/host.md, "The clock model reads the GEMM FLOP rate"). Synthetic loads (measure/probes/clock_load.py) agree
+  where the GPU is busy all along, as in a training step: GEMMs followed by memory-bound adds within 0.4-2.6 % of
+  the clock, flash attention at full duty (294 TFLOP/s, 0.70 kW) unthrottled, which the share would have slowed by
+  21 %. Where GEMM bursts alternate with idle, the GPU draws less and the model, fitted on busy steps, gives a
+  clock up to 18 % too low (benchmarks/clock_load.py).
+- `share` (files written before it): time with a GEMM or attention kernel running over the step time, those
+  kernels at the kernel model's clock (calib.models.power.measured_shares' "compute" for a measured run; the
+  generated step's GEMM and attention time over its simulated step for a projection).
+
+top: the largest input measured (beyond it the slowdown is held: nothing was measured there). GEMM and attention
+kernels are scaled by the slowdown; memory-bound kernels follow the HBM clock, which does not move under the cap.
 
 Two references (`reference`):
 - `top` (calib fit since the fifty-fourth session): the kernel model learns every profiled kernel at the GPU's top
@@ -33,7 +47,7 @@ near 0.6 with one exponent for both (benchmarks/kernel_per_clock.py: 3.66 % at 0
 0.45 / 0.77 per class 3.65 %).
 
 Fit: one point per training bundle whose telemetry gives both clocks. The knee is searched on a grid
-over the measured shares, the slope (>= 0) is least squares at each knee. Error: leave one configuration out, |predicted - measured| / measured
+over the measured inputs, the slope (>= 0) is least squares at each knee. Error: leave one configuration out, |predicted - measured| / measured
 of the ratio. Where the hinge predicts held-out runs no better than no slowdown at all, the model is
 flat (slope 0), and says so (`flat_mape`: the error of no slowdown).
 """
@@ -49,30 +63,64 @@ import pandas as pd
 
 from calib.errors import CalibError
 from calib.models.common import ErrorStat, error_stat, group_folds
-from calib.ops import FLOP_CLASSES
+from calib.ops import FLOP_CLASSES, is_split_k_reduce
 
-KNEES = 71  # knee candidates, evenly over the measured shares
+KNEES = 71  # knee candidates, evenly over the measured inputs
 MIN_CONFIGS = 4  # configurations with both clocks below which no model is fitted
 CLOCK_EXPONENT = 0.6  # GEMM and attention time ~ SM clock ^ -CLOCK_EXPONENT (module docstring)
 REFERENCES = ("profiled", "top")
+FEATURES = ("share", "gemm_flop_rate")  # what the hinge reads (module docstring)
 
 
 @dataclass(frozen=True)
 class ClockPoint:
-    """One training bundle: its GEMM/attention share of the step and its profiled / measured SM clock."""
+    """One training bundle: its GEMM/attention share of the step, its GEMM FLOP rate over the peak (NaN where no
+    peak was given) and its clock ratio."""
 
     bundle: str
     config: str
     share: float
     ratio: float
+    gemm_rate: float = float("nan")
+
+    def x(self, feature: str) -> float:
+        """The model input `feature` (FEATURES) of this point."""
+        return self.gemm_rate if feature == "gemm_flop_rate" else self.share
+
+
+def measured_gemm_flop_rate(bundle: Any) -> float | None:
+    """GEMM FLOPs per second of a training bundle's measured step: its profiled steps' GEMM kernels' FLOPs per rank
+    and step (the mean over ranks; the generated step's GEMM FLOPs to 1e-4 on the committed runs) over the measured
+    step time; None without kernels, steps or GEMM FLOPs."""
+    return bundle.derived("gemm_flop_rate", lambda: _gemm_flop_rate(bundle))
+
+
+def _gemm_flop_rate(bundle: Any) -> float | None:
+    from calib.validation.measured import measured_step
+
+    if not bundle.has("kernels") or not bundle.has("steps"):
+        return None
+    k = bundle.table("kernels")
+    if k.empty or "flops" not in k.columns:
+        return None
+    # cuBLAS's split-K reductions carry their GEMM's FLOPs in tables converted before calib.ops.split_k_reduce_record:
+    # counted once, as the generated step counts them.
+    gemm = k[(k["op_class"].astype(str) == "gemm") & ~k["name"].map(is_split_k_reduce).astype(bool)]
+    flops = pd.to_numeric(gemm["flops"], errors="coerce").fillna(0.0).groupby(gemm["rank"]).sum()
+    steps = k.groupby("rank")["step"].nunique()
+    per_rank = (flops.reindex(steps.index, fill_value=0.0) / steps).to_numpy(float)
+    step_s = measured_step(bundle).time_s
+    rate = float(np.mean(per_rank)) / step_s if len(per_rank) else 0.0
+    return rate if np.isfinite(rate) and rate > 0 else None
 
 
 def clock_points(bundles: Sequence[Any], reference_clock_hz: float | None = None,
-                 exponent: float = CLOCK_EXPONENT) -> list[ClockPoint]:
+                 exponent: float = CLOCK_EXPONENT, peak_flops_per_s: float | None = None) -> list[ClockPoint]:
     """The points of the training bundles whose telemetry gives both clocks (others are left out). With a
     `reference_clock_hz` (reference `top`): ratio = that clock over the measured steps' clock and the share at it
     (the profiled share times (profiled clock / reference) ^ exponent); without: the profiled over the measured
-    steps' clock and the profiled share (reference `profiled`)."""
+    steps' clock and the profiled share (reference `profiled`). With `peak_flops_per_s`, each point's GEMM FLOP
+    rate over it (measured_gemm_flop_rate; a bundle without one is left out)."""
     from calib.models.power import measured_shares
     from calib.validation.measured import measured_clock_hz, measured_clock_ratio, profiled_clock_hz
 
@@ -94,7 +142,13 @@ def clock_points(bundles: Sequence[Any], reference_clock_hz: float | None = None
                 continue
             ratio = reference_clock_hz / meas
             share *= (prof / reference_clock_hz) ** exponent
-        out.append(ClockPoint(b.id, m.spec.key(), share, float(ratio)))
+        rate = float("nan")
+        if peak_flops_per_s:
+            flops = measured_gemm_flop_rate(b)
+            if flops is None:
+                continue
+            rate = flops / peak_flops_per_s
+        out.append(ClockPoint(b.id, m.spec.key(), share, float(ratio), rate))
     return out
 
 
@@ -120,23 +174,41 @@ def _fit_hinge(share: np.ndarray, ratio: np.ndarray) -> tuple[float, float]:
 class ClockModel:
     knee: float = 0.0
     slope: float = 0.0
-    top: float = 1.0  # the largest share measured; the slowdown is held beyond it
+    top: float = 1.0  # the largest input measured; the slowdown is held beyond it
     count: int = 0
     flat_mape: float = float("nan")  # percent: leave-one-configuration-out error of no slowdown
     points: list[dict] = field(default_factory=list)  # per bundle: id, config, share, ratio
     reference: str = "profiled"  # the clock the kernel model's times are at (module docstring)
     exponent: float = 1.0  # kernel time ~ clock ^ -exponent
     reference_clock_hz: float = float("nan")  # reference `top`: that clock
+    feature: str = "share"  # the input the hinge reads (FEATURES; module docstring)
+    peak_flops_per_s: float = float("nan")  # feature `gemm_flop_rate`: the FLOP rate it is a fraction of
 
-    def clock_ratio(self, share: float) -> float:
-        """The reference clock over the clock of a step with this GEMM/attention share (>= 1)."""
-        if not np.isfinite(share) or share <= 0:
+    def clock_ratio(self, x: float) -> float:
+        """The reference clock over the clock of a step whose input (`feature`) is x (>= 1)."""
+        if not np.isfinite(x) or x <= 0:
             return 1.0
-        return float(1.0 + self.slope * _hinge(np.array([share]), self.knee, self.top)[0])
+        return float(1.0 + self.slope * _hinge(np.array([x]), self.knee, self.top)[0])
 
-    def slowdown(self, share: float) -> float:
-        """The factor on GEMM and attention kernel times of a step with this GEMM/attention share (>= 1)."""
-        return self.clock_ratio(share) ** self.exponent
+    def slowdown(self, x: float) -> float:
+        """The factor on GEMM and attention kernel times of a step whose input (`feature`) is x (>= 1)."""
+        return self.clock_ratio(x) ** self.exponent
+
+    def step_input(self, flop_share: float, gemm_flops_per_s: float) -> float:
+        """The model's input for a step with this GEMM/attention share (at the reference clock) and this GEMM
+        FLOP rate (FLOP/s over the step)."""
+        return gemm_flops_per_s / self.peak_flops_per_s if self.feature == "gemm_flop_rate" else flop_share
+
+    def measured_input(self, bundle: Any) -> float | None:
+        """The model's input as a measured training bundle's profiled step gives it (the share as measured, the
+        GEMM FLOP rate over the measured step); None where the bundle cannot say."""
+        if self.feature == "gemm_flop_rate":
+            rate = measured_gemm_flop_rate(bundle)
+            return None if rate is None else rate / self.peak_flops_per_s
+        from calib.models.power import measured_shares
+
+        shares = measured_shares(bundle)
+        return None if shares is None else float(shares["compute"])
 
     @property
     def slows(self) -> bool:
@@ -154,17 +226,21 @@ class ClockModel:
 
     @classmethod
     def fit(cls, points: Sequence[ClockPoint], reference: str = "profiled", exponent: float = 1.0,
-            reference_clock_hz: float = float("nan")) -> tuple[ClockModel, ErrorStat]:
-        """The hinge (module docstring) and its leave-one-configuration-out error (of the clock ratio); CalibError
-        with too few points. `reference` and `exponent` say what the points' ratios are (clock_points)."""
+            reference_clock_hz: float = float("nan"), feature: str = "share",
+            peak_flops_per_s: float = float("nan")) -> tuple[ClockModel, ErrorStat]:
+        """The hinge (module docstring) over the points' `feature` and its leave-one-configuration-out error (of the
+        clock ratio); CalibError with too few points. `reference` and `exponent` say what the points' ratios are,
+        `peak_flops_per_s` what their GEMM FLOP rates are fractions of (clock_points)."""
+        if feature not in FEATURES:
+            raise CalibError(f"clock model: feature {feature!r}, expected one of {', '.join(FEATURES)}")
         configs = [p.config for p in points]
         if len(set(configs)) < MIN_CONFIGS:
             raise CalibError(f"clock model: {len(set(configs))} configuration(s) with both SM clocks in their "
                              f"telemetry, need at least {MIN_CONFIGS}")
-        share = np.array([p.share for p in points], dtype=float)
+        share = np.array([p.x(feature) for p in points], dtype=float)
         ratio = np.array([p.ratio for p in points], dtype=float)
         if not (np.all(np.isfinite(share)) and np.all(np.isfinite(ratio)) and np.all(ratio > 0)):
-            raise CalibError("clock model: a point has a non-finite share or a non-positive clock ratio")
+            raise CalibError(f"clock model: a point has a non-finite {feature} or a non-positive clock ratio")
         pred = np.empty(len(points))
         for test in group_folds(configs):
             train = np.setdiff1d(np.arange(len(points)), test)
@@ -179,19 +255,24 @@ class ClockModel:
                                                                     "leave-one-configuration-out, no slowdown (the "
                                                                     "fitted hinge did no better held out)")
         rows = [{"id": p.bundle, "config": p.config, "share": round(p.share, 4), "ratio": round(p.ratio, 4)}
+                | ({"gemm_flop_rate": round(p.gemm_rate, 4)} if feature == "gemm_flop_rate" else {})
                 for p in points]
         return cls(knee, slope, float(share.max()), len(points), flat.mape, rows, reference, float(exponent),
-                   float(reference_clock_hz)), held
+                   float(reference_clock_hz), feature, float(peak_flops_per_s)), held
 
     def to_dict(self) -> dict:
         out = {
-            "form": "clock ratio = 1 + slope * max(min(share, top) - knee, 0); GEMM and attention kernels take "
-                    "ratio ^ exponent; share = their time over the step",
+            "form": "clock ratio = 1 + slope * max(min(x, top) - knee, 0); GEMM and attention kernels take "
+                    "ratio ^ exponent; x = the feature: share (their time over the step) or gemm_flop_rate (GEMM "
+                    "FLOPs over the step, over peak_flops_per_s)",
             "knee": float(self.knee), "slope": float(self.slope), "top": float(self.top), "count": int(self.count),
             "flat_mape": float(self.flat_mape), "reference": self.reference, "exponent": float(self.exponent),
         }
         if self.from_top:
             out["reference_clock_hz"] = float(self.reference_clock_hz)
+        out["feature"] = self.feature
+        if self.feature == "gemm_flop_rate":
+            out["peak_flops_per_s"] = float(self.peak_flops_per_s)
         out["points"] = [dict(p) for p in self.points]
         return out
 
@@ -218,8 +299,17 @@ class ClockModel:
             raise CalibError(f"calibration power.clock: exponent {exponent}, expected 0 < exponent <= 2")
         if reference == "top" and not (np.isfinite(clock_hz) and clock_hz > 0):
             raise CalibError("calibration power.clock: reference 'top' needs a positive reference_clock_hz")
+        feature = str(data.get("feature", "share"))
+        if feature not in FEATURES:
+            raise CalibError(f"calibration power.clock: feature {feature!r}, expected one of {', '.join(FEATURES)}")
+        try:
+            peak = float(data.get("peak_flops_per_s", float("nan")))
+        except (TypeError, ValueError):
+            raise CalibError("calibration power.clock: peak_flops_per_s must be a number") from None
+        if feature == "gemm_flop_rate" and not (np.isfinite(peak) and peak > 0):
+            raise CalibError("calibration power.clock: feature 'gemm_flop_rate' needs a positive peak_flops_per_s")
         return cls(knee, slope, top, int(data.get("count", 0)), float(data.get("flat_mape", float("nan"))),
-                   list(data.get("points") or []), reference, exponent, clock_hz)
+                   list(data.get("points") or []), reference, exponent, clock_hz, feature, peak)
 
 
 def at_reference_clock(kernels: pd.DataFrame, profiled_clock_hz: float | None, reference_clock_hz: float | None,
@@ -240,10 +330,9 @@ def at_reference_clock(kernels: pd.DataFrame, profiled_clock_hz: float | None, r
 def run_slowdown(bundle: Any, clock: ClockModel | None) -> float:
     """The slowdown a measured run's GEMM and attention kernels had against the kernel model's: from its telemetry's
     clocks (reference `top`: the top over its measured steps' clock; `profiled`: its profiled over its measured
-    steps' clock), else the model's at its measured share (a run without telemetry); 1.0 where the calibration
+    steps' clock), else the model's at its measured input (a run without telemetry); 1.0 where the calibration
     applies none (no clock model, or a flat one of reference `profiled`), so that fitted runs and projections stand
     on the same footing."""
-    from calib.models.power import measured_shares
     from calib.validation.measured import measured_clock_hz, measured_clock_ratio
 
     if clock is None or not (clock.slows or clock.from_top):
@@ -255,14 +344,19 @@ def run_slowdown(bundle: Any, clock: ClockModel | None) -> float:
         ratio = measured_clock_ratio(bundle)
     if ratio is not None:
         return float(ratio) ** clock.exponent
-    shares = measured_shares(bundle)
-    return 1.0 if shares is None else clock.slowdown(shares["compute"])
+    x = clock.measured_input(bundle)
+    return 1.0 if x is None else clock.slowdown(x)
+
+
+def clock_of(calibration: Any) -> ClockModel | None:
+    """The calibration's clock model; None where it has none (or is no calibration: a bare kernel model)."""
+    return calibration.clock_model() if calibration is not None and hasattr(calibration, "clock_model") else None
 
 
 def replay_exponent(calibration: Any) -> float:
     """The exponent a replay's GEMM and attention kernels follow the clock with: the calibration's clock model's, 1
     where it has none (as replays were before the exponent)."""
-    clock = calibration.clock_model() if calibration is not None and hasattr(calibration, "clock_model") else None
+    clock = clock_of(calibration)
     return 1.0 if clock is None else clock.exponent
 
 

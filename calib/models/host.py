@@ -816,7 +816,7 @@ class _PaceSearch:
 
 def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     """The step-time function of one training bundle's generated configuration (module docstring)."""
-    from calib.models.clock import run_slowdown, throttled
+    from calib.models.clock import clock_of, run_slowdown, throttled
     from calib.sim import simulate
     from calib.validation import engine
     from calib.validation.measured import measured_step
@@ -830,7 +830,7 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     cache: dict[tuple[float, float, float, float], float] = {}
     # Each run at the SM clock its measured steps ran at: the kernel model times kernels at the top clock (or,
     # in older files, at the profiled steps' clock, which power-capped runs held higher; calib.models.clock).
-    clock = calibration.clock_model() if hasattr(calibration, "clock_model") else None
+    clock = clock_of(calibration)
     # Generated once: each trial cost only re-adds the host launches (Relaunchable.at), in a quarter
     # of the time of generating the step again, or re-costs a workload it built before.
     step_of = Relaunchable(model, par, throttled(kernel_model.predict, run_slowdown(bundle, clock)))

@@ -117,9 +117,10 @@ class GeneratedStep:
                     out[it] = out.get(it, 0) + times * it.repeat
         return out
 
-    def stage_flops(self, stage: int) -> float:
-        """GEMM and attention FLOPs one GPU of `stage` runs in the step (the power model's work term)."""
-        return float(sum(op.flops * n for op, n in self.op_counts(stage).items() if op.op_class in FLOP_CLASSES))
+    def stage_flops(self, stage: int, classes: tuple[str, ...] = FLOP_CLASSES) -> float:
+        """FLOPs of `classes` ops (GEMM and attention: the power model's work term) one GPU of `stage` runs in the
+        step."""
+        return float(sum(op.flops * n for op, n in self.op_counts(stage).items() if op.op_class in classes))
 
     def sync_points(self, stage: int) -> int:
         """Host sync points of one GPU of `stage` in the step at ops (calib.workload.host.SYNC_AFTER: one
