@@ -22,15 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _loco(x: np.ndarray, ratio: np.ndarray, configs: np.ndarray) -> tuple[float, float]:
-    from calib.models.clock import _fit_hinge, _hinge
+    """calib.models.clock's own leave-one-configuration-out error of the hinge over input x (mean, max %)."""
+    from calib.models.clock import ClockModel, ClockPoint
 
-    pred = np.empty(len(ratio))
-    for c in np.unique(configs):
-        test = configs == c
-        knee, slope = _fit_hinge(x[~test], ratio[~test])
-        pred[test] = 1.0 + slope * _hinge(x[test], knee, float(x[~test].max()))
-    err = np.abs(pred / ratio - 1) * 100
-    return float(err.mean()), float(err.max())
+    points = [ClockPoint(str(i), str(c), float(v), float(r))
+              for i, (v, r, c) in enumerate(zip(x, ratio, configs, strict=True))]
+    _, err = ClockModel.fit(points)
+    return err.mape, err.max
 
 
 def inputs(folder: Path) -> tuple[str, dict[str, np.ndarray], np.ndarray, np.ndarray]:
