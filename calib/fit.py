@@ -843,14 +843,14 @@ def _fit_clock_section(cal: Calibration, chosen: list[Bundle], peaks: GpuPeaks |
     the host model, which it moves (the host fit times each run at its own clock). With peaks: against the top clock
     (the kernel rows' reference) and the GEMM FLOP rate over the bf16 peak; without: the legacy ratio and share."""
     top = _top_clock_hz(peaks)
-    if top and peaks is not None:
-        peak_flops = peaks.flops_for("bf16")
-        points = clock_points(chosen, top, CLOCK_EXPONENT, peak_flops)
-    else:
-        points = clock_points(chosen)
     try:
-        clock, err = (ClockModel.fit(points, "top", CLOCK_EXPONENT, top, "gemm_flop_rate", peak_flops) if top
-                      else ClockModel.fit(points))
+        if top and peaks is not None:
+            peak_flops = peaks.flops_for("bf16")
+            points = clock_points(chosen, top, CLOCK_EXPONENT, peak_flops)
+            clock, err = ClockModel.fit(points, "top", CLOCK_EXPONENT, top, "gemm_flop_rate", peak_flops)
+        else:
+            points = clock_points(chosen)
+            clock, err = ClockModel.fit(points)
     except CalibError as exc:
         cal.provenance["power.clock"] = f"not calibrated: {exc}"
         return

@@ -361,17 +361,23 @@ CLOCK_ROUNDS = 4  # simulations at most to settle the clock; each moves the slow
 CLOCK_TOL = 1e-3  # slowdowns closer than this are one
 
 
-def _clock_input(gen: GeneratedStep, result: SimResult, slowdown: float, clock: ClockModel) -> float:
-    """The clock model's input for the simulated step, the mean over ranks (as calib.models.clock's measured
-    points take it): GEMM and attention time at the unthrottled clock over the step, or GEMM FLOPs over it."""
+def _gemm_flops(gen: GeneratedStep) -> float:
+    """GEMM FLOPs per rank and step, the mean over stages weighted by their ranks (as calib.models.clock's measured
+    points take it); the power cap's slowdown does not move them."""
+    members = [len(c.members) for c in gen.workload.classes]
+    return float(np.average([gen.stage_flops(s, ("gemm",)) for s in range(len(members))], weights=members))
+
+
+def _clock_input(gen: GeneratedStep, result: SimResult, slowdown: float, clock: ClockModel,
+                 gemm_flops: float) -> float:
+    """The clock model's input for the simulated step, the mean over ranks: GEMM and attention time at the
+    unthrottled clock over the step, or `gemm_flops` (_gemm_flops) over it."""
     step = result.step_time_s
     if not step > 0:
         return 0.0
     members = [len(c.members) for c in gen.workload.classes]
     flop = [(c - m) / slowdown for c, m in zip(gen.stage_compute_s, gen.stage_memory_s, strict=True)]
-    gemm = [gen.stage_flops(s, ("gemm",)) for s in range(len(members))]
-    return clock.step_input(float(np.average(flop, weights=members) / step),
-                            float(np.average(gemm, weights=members) / step))
+    return clock.step_input(float(np.average(flop, weights=members) / step), gemm_flops / step)
 
 
 def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel, model: ModelSpec,
@@ -382,7 +388,8 @@ def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel
     lowers, so the two are iterated to agreement. Returns the generated step, its result, the slowdown and
     the input."""
     slowdown = 1.0
-    x = _clock_input(gen, result, slowdown, clock)
+    gemm_flops = _gemm_flops(gen)
+    x = _clock_input(gen, result, slowdown, clock, gemm_flops)
     for _ in range(CLOCK_ROUNDS):
         target = clock.slowdown(x)
         if abs(target - slowdown) < CLOCK_TOL:
@@ -390,7 +397,7 @@ def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel
         slowdown = target
         gen = generate(model, par, throttled(kernel_time, slowdown), host)  # type: ignore[arg-type]
         result = run(gen)
-        x = _clock_input(gen, result, slowdown, clock)
+        x = _clock_input(gen, result, slowdown, clock, gemm_flops)
     return gen, result, slowdown, x
 
 
@@ -400,8 +407,11 @@ def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tu
     compute: its compute nodes; exposed tp/dp/ep: communication not hidden behind compute as the
     simulator reports it; pipeline bubble: the schedule's idle time, (PP - 1) / VPP micro-batch
     passes (Narayanan et al. 2021, section 2.2.1), taken out of the send/recv wait; exposed pp:
-    the rest of that wait (transfers on the critical path); other: whatever remains (waiting on
-    peers outside the above)."""
+    the rest of that wait (transfers on the critical path, and waiting on a slower stage); other:
+    whatever remains (waiting on peers outside the above). A pass is the rank's step less its send/recv wait and exposed DP
+    communication (once a step), over its micro-batches: the other stages' passes, which the
+    bubble waits for, hold their exposed TP/EP communication and host stalls as well as their
+    compute, so a bubble of compute alone would leave those in exposed pp."""
     finish = np.asarray(result.finish_ns)
     crit = int(np.argmax(finish))
     cls_of = gen.workload.class_of()
@@ -414,7 +424,8 @@ def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tu
     for c in ("tp", "dp", "ep"):
         out[f"exposed_{c}"] = float(exposed.get(c, 0.0))
     pp_wait = float(exposed.get("pp", 0.0))
-    per_mb = compute_ns / max(par.num_microbatches, 1)  # forward + backward of one micro-batch, all chunks
+    passes_ns = max(step_ns - pp_wait - out["exposed_dp"], 0.0)
+    per_mb = passes_ns / max(par.num_microbatches, 1)  # forward + backward of one micro-batch, all chunks
     bubble = min(pp_wait, (par.pp - 1) / par.vpp * per_mb) if par.pp > 1 else 0.0
     out["pipeline_bubble"] = bubble
     out["exposed_pp"] = pp_wait - bubble

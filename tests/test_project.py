@@ -94,6 +94,31 @@ def test_projection_report_keys_and_consistency(main_result) -> None:
     assert projection_table(r).row_count > 10
 
 
+def test_pipeline_bubble_holds_the_other_stages_whole_passes(calibration) -> None:
+    """With the stages' sends and receives all but free, what a rank waits on them is the schedule's bubble: the other
+    stages' passes, exposed TP communication included. So exposed pp is next to nothing (here the last stage's
+    heavier passes, 0.6 % of the step) though TP is exposed; a bubble counted as compute alone left (PP - 1) /
+    micro-batches of the exposed TP in exposed pp (4.6 %). With the transfers priced, exposed pp grows by what they add
+    to the step."""
+    import dataclasses
+
+    base = load_cluster("dgx-h200")
+    fast = dataclasses.replace(base, dims=[d if d.scope == "node" else dataclasses.replace(
+        d, bandwidth=dataclasses.replace(d.bandwidth, value=1e15, calibrated=""),
+        latency=dataclasses.replace(d.latency, value=0.0, calibrated="")) for d in base.dims])
+    par = ParallelConfig(tp=8, pp=16, dp=1, micro_batch=1, global_batch=24)
+    r = project(resolve_model("gpt3-175b"), par, fast, calibration)
+    b = r.breakdown_s
+    assert b["exposed_tp"] > 0.02 * r.step_time_s and b["pipeline_bubble"] > 0.2 * r.step_time_s
+    assert b["exposed_pp"] < 0.01 * r.step_time_s
+    assert sum(b.values()) == pytest.approx(r.step_time_s, rel=1e-6)
+    priced = project(resolve_model("gpt3-175b"), par, base, calibration)
+    added = priced.step_time_s - r.step_time_s
+    assert added > 0.005 * r.step_time_s
+    assert priced.breakdown_s["exposed_pp"] - b["exposed_pp"] == pytest.approx(added, rel=0.1)
+    assert priced.breakdown_s["pipeline_bubble"] == pytest.approx(b["pipeline_bubble"], rel=0.02)
+
+
 def test_error_band_from_validation(calibration) -> None:
     import dataclasses
 

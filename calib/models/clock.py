@@ -201,7 +201,9 @@ class ClockModel:
 
     def measured_input(self, bundle: Any) -> float | None:
         """The model's input as a measured training bundle's profiled step gives it (the share as measured, the
-        GEMM FLOP rate over the measured step); None where the bundle cannot say."""
+        GEMM FLOP rate over the measured step); None where the bundle cannot say. A share model fitted at the top
+        clock gets the profiled share too: this is asked of runs without telemetry, whose profiled clock, and so
+        their share at the top clock, is unknown."""
         if self.feature == "gemm_flop_rate":
             rate = measured_gemm_flop_rate(bundle)
             return None if rate is None else rate / self.peak_flops_per_s
