@@ -38,7 +38,7 @@ def inputs(folder: Path) -> tuple[str, dict[str, np.ndarray], np.ndarray, np.nda
     from calib.bundle.io import load_bundles
     from calib.models.clock import CLOCK_EXPONENT, clock_points
     from calib.models.peaks import peaks_for_gpu
-    from calib.models.power import measured_shares
+    from calib.models.power import flops_per_step, measured_shares
     from calib.validation.measured import is_real_gpu, measured_step
 
     bundles = [b for b in load_bundles([folder]) if b.manifest.kind == "training" and is_real_gpu(b)]
@@ -50,17 +50,12 @@ def inputs(folder: Path) -> tuple[str, dict[str, np.ndarray], np.ndarray, np.nda
     for p in points:
         b = by_id[p.bundle]
         k = b.table("kernels")
-        steps = k.groupby("rank")["step"].nunique()
-
-        def per_rank(mask: pd.Series, column: str, k: pd.DataFrame = k, steps: pd.Series = steps) -> float:
-            sums = pd.to_numeric(k.loc[mask, column], errors="coerce").fillna(0.0).groupby(k.loc[mask, "rank"]).sum()
-            return float((sums.reindex(steps.index, fill_value=0.0) / steps).mean())
-
-        cls = k["op_class"].astype(str)
-        step_s = measured_step(b).time_s
+        # GEMM and attention FLOPs per rank and step as the power model counts them (an attention op's kernels,
+        # which all carry its record, once per op instance): less the GEMMs', attention's.
+        both = np.mean([flops_per_step(k, r) for r in sorted(k["rank"].unique())])
         shares = measured_shares(b)
         rows.append({"share_top": p.share, "share_profiled": float(shares["compute"]), "gemm": p.gemm_rate,
-                     "attention": per_rank(cls == "attention", "flops") / step_s / peak,
+                     "attention": max(both / measured_step(b).time_s / peak - p.gemm_rate, 0.0),
                      "memory": float(shares["memory"]), "ratio": p.ratio, "config": p.config})
     df = pd.DataFrame(rows)
     cands = {
