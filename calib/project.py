@@ -361,10 +361,15 @@ CLOCK_ROUNDS = 4  # simulations at most to settle the clock; each moves the slow
 CLOCK_TOL = 1e-3  # slowdowns closer than this are one
 
 
+def _ranks_per_stage(gen: GeneratedStep) -> list[int]:
+    """How many ranks each generated stage (rank class) stands for: the weights of a mean over ranks."""
+    return [len(c.members) for c in gen.workload.classes]
+
+
 def _gemm_flops(gen: GeneratedStep) -> float:
     """GEMM FLOPs per rank and step, the mean over stages weighted by their ranks (as calib.models.clock's measured
     points take it); the power cap's slowdown does not move them."""
-    members = [len(c.members) for c in gen.workload.classes]
+    members = _ranks_per_stage(gen)
     return float(np.average([gen.stage_flops(s, ("gemm",)) for s in range(len(members))], weights=members))
 
 
@@ -375,9 +380,8 @@ def _clock_input(gen: GeneratedStep, result: SimResult, slowdown: float, clock: 
     step = result.step_time_s
     if not step > 0:
         return 0.0
-    members = [len(c.members) for c in gen.workload.classes]
     flop = [(c - m) / slowdown for c, m in zip(gen.stage_compute_s, gen.stage_memory_s, strict=True)]
-    return clock.step_input(float(np.average(flop, weights=members) / step), gemm_flops / step)
+    return clock.step_input(float(np.average(flop, weights=_ranks_per_stage(gen)) / step), gemm_flops / step)
 
 
 def _at_power_cap_clock(gen: GeneratedStep, result: SimResult, clock: ClockModel, model: ModelSpec,
@@ -408,10 +412,10 @@ def _breakdown(gen: GeneratedStep, result: SimResult, par: ParallelConfig) -> tu
     simulator reports it; pipeline bubble: the schedule's idle time, (PP - 1) / VPP micro-batch
     passes (Narayanan et al. 2021, section 2.2.1), taken out of the send/recv wait; exposed pp:
     the rest of that wait (transfers on the critical path, and waiting on a slower stage); other:
-    whatever remains (waiting on peers outside the above). A pass is the rank's step less its send/recv wait and exposed DP
-    communication (once a step), over its micro-batches: the other stages' passes, which the
-    bubble waits for, hold their exposed TP/EP communication and host stalls as well as their
-    compute, so a bubble of compute alone would leave those in exposed pp."""
+    whatever remains (waiting on peers outside the above). A pass is the rank's step less its
+    send/recv wait and exposed DP communication (once a step), over its micro-batches: the other
+    stages' passes, which the bubble waits for, hold their exposed TP/EP communication and host
+    stalls as well as their compute, so a bubble of compute alone would leave those in exposed pp."""
     finish = np.asarray(result.finish_ns)
     crit = int(np.argmax(finish))
     cls_of = gen.workload.class_of()

@@ -18,8 +18,8 @@ x, the model's input (`feature`):
   at the cap's clock draws the cap; the more GEMM work per second it does there, the less energy each FLOP may
   take, so the lower the clock. Over the committed runs it predicts held-out configurations' clocks better than
   the share below: H200 1.28 / 6.8 % against 1.62 / 10.5 % (mean / max), H100 1.24 / 6.1 % against 1.52 / 9.7 %;
-  adding flash attention's FLOPs (a small part of its kernels' time) or the memory-bound share did not help
-  (docs/host.md, "The clock model reads the GEMM FLOP rate"). Synthetic loads (measure/probes/clock_load.py) agree
+  adding flash attention's FLOPs is a near tie (H200 1.25 / 6.4 %, at half weight 1.23 / 6.3 %; H100 1.24 / 6.5
+  and 1.24 / 6.3 %) and the memory-bound share no better (docs/host.md, "The clock model reads the GEMM FLOP rate"). Synthetic loads (measure/probes/clock_load.py) agree
   where the GPU is busy all along, as in a training step: GEMMs followed by memory-bound adds within 0.4-2.6 % of
   the clock, flash attention at full duty (294 TFLOP/s, 0.70 kW) unthrottled, which the share would have slowed by
   21 %. Where GEMM bursts alternate with idle, the GPU draws less and the model, fitted on busy steps, gives a
@@ -63,7 +63,7 @@ import pandas as pd
 
 from calib.errors import CalibError
 from calib.models.common import ErrorStat, error_stat, group_folds
-from calib.ops import FLOP_CLASSES, is_split_k_reduce
+from calib.ops import FLOP_CLASSES
 
 KNEES = 71  # knee candidates, evenly over the measured inputs
 MIN_CONFIGS = 4  # configurations with both clocks below which no model is fitted
@@ -96,6 +96,7 @@ def measured_gemm_flop_rate(bundle: Any) -> float | None:
 
 
 def _gemm_flop_rate(bundle: Any) -> float | None:
+    from calib.models.power import flops_per_step
     from calib.validation.measured import measured_step
 
     if not bundle.has("kernels") or not bundle.has("steps"):
@@ -103,14 +104,9 @@ def _gemm_flop_rate(bundle: Any) -> float | None:
     k = bundle.table("kernels")
     if k.empty or "flops" not in k.columns:
         return None
-    # cuBLAS's split-K reductions carry their GEMM's FLOPs in tables converted before calib.ops.split_k_reduce_record:
-    # counted once, as the generated step counts them.
-    gemm = k[(k["op_class"].astype(str) == "gemm") & ~k["name"].map(is_split_k_reduce).astype(bool)]
-    flops = pd.to_numeric(gemm["flops"], errors="coerce").fillna(0.0).groupby(gemm["rank"]).sum()
-    steps = k.groupby("rank")["step"].nunique()
-    per_rank = (flops.reindex(steps.index, fill_value=0.0) / steps).to_numpy(float)
+    per_rank = [flops_per_step(k, r, ("gemm",)) for r in sorted(k["rank"].unique())]
     step_s = measured_step(bundle).time_s
-    rate = float(np.mean(per_rank)) / step_s if len(per_rank) else 0.0
+    rate = float(np.mean(per_rank)) / step_s if per_rank else 0.0
     return rate if np.isfinite(rate) and rate > 0 else None
 
 
@@ -314,6 +310,11 @@ class ClockModel:
                    list(data.get("points") or []), reference, exponent, clock_hz, feature, peak)
 
 
+def _follows_clock(ops: pd.DataFrame) -> np.ndarray:
+    """Rows whose time follows the SM clock: GEMM and attention kernels (memory-bound ones follow the HBM's)."""
+    return ops["op_class"].astype(str).isin(FLOP_CLASSES).to_numpy()
+
+
 def at_reference_clock(kernels: pd.DataFrame, profiled_clock_hz: float | None, reference_clock_hz: float | None,
                        exponent: float = CLOCK_EXPONENT) -> pd.DataFrame:
     """A profiled step's kernel rows with the GEMM and attention kernels' `time_s` as they would take at the
@@ -321,8 +322,7 @@ def at_reference_clock(kernels: pd.DataFrame, profiled_clock_hz: float | None, r
     others). Unchanged (`clock_scale` 1) where either clock is unknown."""
     scale = np.ones(len(kernels))
     if profiled_clock_hz and reference_clock_hz and np.isfinite(profiled_clock_hz) and np.isfinite(reference_clock_hz):
-        flop = kernels["op_class"].astype(str).isin(FLOP_CLASSES).to_numpy()
-        scale[flop] = (profiled_clock_hz / reference_clock_hz) ** exponent
+        scale[_follows_clock(kernels)] = (profiled_clock_hz / reference_clock_hz) ** exponent
     if np.all(scale == 1.0):
         return kernels.assign(clock_scale=scale)
     return kernels.assign(time_s=pd.to_numeric(kernels["time_s"], errors="coerce").to_numpy(float) * scale,
@@ -370,7 +370,7 @@ def throttled(kernel_time: Callable[[pd.DataFrame], np.ndarray], slowdown: float
 
     def predict(ops: pd.DataFrame) -> np.ndarray:
         out = np.array(kernel_time(ops), dtype=float)
-        out[ops["op_class"].isin(FLOP_CLASSES).to_numpy()] *= slowdown
+        out[_follows_clock(ops)] *= slowdown
         return out
 
     return predict

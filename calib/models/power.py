@@ -287,24 +287,28 @@ def _measured_step_s(steps: pd.DataFrame, rank: int, profiled: set) -> float:
     return float((plain if not plain.empty else srow)["time_s"].median())
 
 
-def flops_per_step(kernels: pd.DataFrame, rank: int) -> float:
-    """GEMM and attention FLOPs of one rank's profiled step (the mean over its profiled steps).
+def flops_per_step(kernels: pd.DataFrame, rank: int, classes: tuple[str, ...] = FLOP_CLASSES) -> float:
+    """FLOPs of `classes` (GEMM and attention unless told) in one rank's profiled step (the mean over its
+    profiled steps).
 
     cuBLAS's split-K reduction kernels carry their GEMM's shape and FLOPs in tables converted before
     calib.ops.split_k_reduce_record (calib.fit.split_k_reductions): they do no GEMM work of their own."""
-    return _flops_per_step(kernels[kernels["rank"] == rank])
+    return _flops_per_step(kernels[kernels["rank"] == rank], classes)
 
 
-def _flops_per_step(kr: pd.DataFrame) -> float:
+def _flops_per_step(kr: pd.DataFrame, classes: tuple[str, ...] = FLOP_CLASSES) -> float:
     """flops_per_step of one rank's kernel rows. Every kernel of an attention op carries the op's
     record (the flash backward's three kernels): its FLOPs count once per op instance
     (calib.models.kernel.op_instances), as the generator counts them."""
     if kr.empty or "flops" not in kr.columns:
         return 0.0
     cls = kr["op_class"].astype(str).str.lower()
-    gemm = (cls == "gemm") & ~kr["name"].map(is_split_k_reduce).astype(bool)
-    attention = op_instances(kr.loc[cls == "attention"])
-    flops = [pd.to_numeric(rows["flops"], errors="coerce").fillna(0.0).sum() for rows in (kr.loc[gemm], attention)]
+    parts = []
+    if "gemm" in classes:
+        parts.append(kr.loc[(cls == "gemm") & ~kr["name"].map(is_split_k_reduce).astype(bool)])
+    if "attention" in classes:
+        parts.append(op_instances(kr.loc[cls == "attention"]))
+    flops = [pd.to_numeric(rows["flops"], errors="coerce").fillna(0.0).sum() for rows in parts]
     return float(sum(flops)) / kr["step"].nunique()
 
 
