@@ -487,6 +487,22 @@ ROUND44 = {"collectives-2gpu-released-0": (2, "2", 0.0, ()), "collectives-2gpu-r
 # The quick subset runs first: it checks the path in a minute. Id -> extra arguments.
 ROUND45 = {"kernels-h200-kernel-quick": ("--quick",), "kernels-h200-kernel": ("--max-seconds", "420")}
 
+# Round 46 (fifty-seventh session, one H200): configurations no H200 had run, each predicted before the call by the
+# committed H200 calibration (_campaigns/x1-round46/predictions.json): six the H100 ran (rounds 16, 17 and 24) and
+# four new, GPU-bound at full-width layers as projections at scale are (Llama-3 70B's and GPT-3 175B's layers at
+# micro-batch 2 with flash attention, Mixtral's at micro-batch 2, GPT-3 13B's under full recomputation), plus one
+# host-paced run (GPT-3 1.3B at sequence 256 with flash attention).
+ROUND46_NEW = ["llama70b-1gpu-L2-mbs2-flash", "gpt175b-1gpu-L1-mbs2-flash", "mixtral-1gpu-mbs2-flash",
+               "gpt13b-1gpu-mbs4-L6-rcfull-flash"]
+TRAININGS += [
+    ("llama70b-1gpu-L2-mbs2-flash", L70B, 1, 1, 1, 1, 2, 8, "none", FLASH),
+    ("gpt175b-1gpu-L1-mbs2-flash", "gpt3-175b@L1", 1, 1, 1, 1, 2, 4, "none", FLASH),
+    ("mixtral-1gpu-mbs2-flash", MIX, 1, 1, 1, 1, 2, 4, "none", FLASH),
+    ("gpt13b-1gpu-mbs4-L6-rcfull-flash", "gpt3-13b@L6", 1, 1, 1, 1, 4, 8, "full", FLASH),
+]
+ROUND46 = ["llama8b-1gpu-rcsel-flash", "llama8b-1gpu-mbs2-L8-flash", "gpt6.7b-1gpu-mbs4-rcsel-flash",
+           "llama70b-1gpu-L1-s4096-flash", "gpt175b-1gpu-L1-s1024", *ROUND46_NEW, "gpt1.3b-1gpu-s256-flash"]
+
 SMOKE: list[tuple] = [
     ("smoke-llama8b-pp2-distopt", "llama3-8b@L2,S2048", 1, 2, 1, 1, 1, 4, "full", ["--distributed-optimizer"]),
     ("smoke-mixtral-ep2-sp", "mixtral-8x7b@L2,S2048", 2, 1, 1, 1, 1, 2, "selective", ["--sequence-parallel"]),
@@ -620,6 +636,7 @@ def plan(out: Path, smoke: bool, convert: bool, warmup: int, steps: int, timeout
     jobs += [dense_collectives(r, 4, out, "2,4", 4096, est_s=200, timing=how, timeout_s=450)
              for r, how in ROUND42_X4.items()]
     jobs += [released_collectives(r, gpus, out, groups, late, *flags) for r, (gpus, groups, late, flags) in ROUND44.items()]
+    jobs += [t(r) for r in ROUND46_NEW]
     for r, extra in ROUND45.items():
         quick = "--quick" in extra
         jobs.append(Job(r, 1, ["kernels", "--timing", "kernel", "-o", str(out / r), *extra], est_s=60 if quick else 480,
