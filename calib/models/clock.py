@@ -19,8 +19,9 @@ x, the model's input (`feature`):
   take, so the lower the clock. Over the committed runs it predicts held-out configurations' clocks better than
   the share below: H200 1.28 / 6.8 % against 1.62 / 10.5 % (mean / max), H100 1.24 / 6.1 % against 1.52 / 9.7 %;
   adding flash attention's FLOPs is a near tie (H200 1.25 / 6.4 %, at half weight 1.23 / 6.3 %; H100 1.24 / 6.5
-  and 1.24 / 6.3 %) and the memory-bound share no better (docs/host.md, "The clock model reads the GEMM FLOP rate"). Synthetic loads (measure/probes/clock_load.py) agree
-  where the GPU is busy all along, as in a training step: GEMMs followed by memory-bound adds within 0.4-2.6 % of
+  and 1.24 / 6.3 %) and the memory-bound share no better (docs/host.md, "The clock model reads the GEMM FLOP
+  rate"). Synthetic loads (measure/probes/clock_load.py) agree where the GPU is busy all along, as in a training
+  step: GEMMs followed by memory-bound adds within 0.4-2.6 % of
   the clock, flash attention at full duty (294 TFLOP/s, 0.70 kW) unthrottled, which the share would have slowed by
   21 %. Where GEMM bursts alternate with idle, the GPU draws less and the model, fitted on busy steps, gives a
   clock up to 18 % too low (benchmarks/clock_load.py).
