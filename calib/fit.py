@@ -41,6 +41,7 @@ from calib.models.kernel import (
     OP_CLASSES,
     KernelModel,
     op_family,
+    op_instances,
     shape_folds,
     shape_keys,
     shape_table,
@@ -149,10 +150,13 @@ def superseded_kernel_benches(bundles: Sequence[Bundle]) -> list[Bundle]:
             and gpu_family(b.manifest.gpu.name) in timed]
 
 
-def kernel_rows(bundles: Sequence[Bundle], peaks: GpuPeaks | None = None) -> tuple[pd.DataFrame, list[Bundle]]:
+def kernel_rows(bundles: Sequence[Bundle], peaks: GpuPeaks | None = None,
+                instances: bool = False) -> tuple[pd.DataFrame, list[Bundle]]:
     """Compute-kernel rows (not communication) of kernel-microbenchmark and profiled training bundles, less the
     superseded microbenchmarks (`superseded_kernel_benches`); training steps' GEMM and attention rows at the top
-    clock of `peaks` (`reference_clock_hz`: each bundle's configured peaks' without)."""
+    clock of `peaks` (`reference_clock_hz`: each bundle's configured peaks' without). `instances`: one row per
+    op instance instead (calib.models.kernel.op_instances), found per bundle and kept with it (an instance
+    never spans two bundles, and `calib validate` refits on nearly the same bundles again and again)."""
     frames, used = [], []
     superseded = {b.id for b in superseded_kernel_benches(bundles)}
     for b in bundles:
@@ -160,6 +164,8 @@ def kernel_rows(bundles: Sequence[Bundle], peaks: GpuPeaks | None = None) -> tup
             continue
         top = _top_clock_hz(peaks) if peaks is not None else reference_clock_hz(b.manifest.gpu.name)
         df = b.derived(("kernel_rows", top), lambda b=b, top=top: _kernel_frame(b, top))
+        if df is not None and instances:
+            df = b.derived(("kernel_instances", top), lambda df=df: op_instances(df))
         if df is not None:
             frames.append(df)
             used.append(b)
@@ -354,8 +360,10 @@ def roofline_scored(shapes: pd.DataFrame) -> np.ndarray:
     return ((fl > 0) | (by > 0)) & ~multi
 
 
-def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions) -> tuple[KernelModel, dict[str, ErrorStat]]:
-    shapes, t, counts = shape_table(rows)
+def fit_kernels(rows: pd.DataFrame, peaks: GpuPeaks, opts: FitOptions,
+                instances: bool = False) -> tuple[KernelModel, dict[str, ErrorStat]]:
+    """The kernel model on `rows` (`kernel_rows`; `instances`: its op-instance rows) and its cross-validated errors."""
+    shapes, t, counts = shape_table(rows, instances)
     make = lambda: KernelModel(peaks=peaks, min_points=opts.min_kernel_points)  # noqa: E731
     model = make().fit(shapes, t)
     errors: dict[str, ErrorStat] = {}
@@ -758,10 +766,10 @@ def fit_calibration(bundles: list[Bundle], opts: FitOptions | None = None, **kw:
     # One set of peaks for the roofline, the rows' and the clock model's top clock and the NVLink domain: the
     # user's (--peaks) or the configured ones of the GPU.
     peaks = opts.peaks or _maybe_peaks(gpu_name)
-    rows, kb = kernel_rows(chosen, peaks)
+    rows, kb = kernel_rows(chosen, peaks, instances=True)
     if not rows.empty:
         peaks = peaks or peaks_for_gpu(gpu_name)
-        kmodel, kerr = fit_kernels(rows, peaks, opts)
+        kmodel, kerr = fit_kernels(rows, peaks, opts, instances=True)
         cal.kernel = kmodel.to_dict()
         cal.errors.update(kerr)
         prov["kernel.peaks"] = f"configured: {peaks.source}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import lzma
 import time
@@ -82,6 +83,21 @@ def _sample_trace() -> ExecutionTrace:
         attrs=[Attr("comm_src", 0), Attr("comm_dst", 1), Attr("comm_tag", 7), Attr("comm_size", 64)],
     )
     return ExecutionTrace(nodes=[a, b, c], metadata_attrs=[Attr("rank", 0)])
+
+
+def test_a_trace_copy_is_deep() -> None:
+    """ExecutionTrace.copy (what a replay simulates) equals the trace and copy.deepcopy's copy, and nothing
+    changed in it (dependencies, attribute values, list values, I/O infos) reaches the original."""
+    trace = _sample_trace()
+    out = trace.copy()
+    assert out == trace == copy.deepcopy(trace)
+    b = out.nodes[1]
+    b.data_deps.append(9)
+    b.attrs[0].value = True
+    b.attr("weights").append(2.5)
+    b.inputs.values = "[2]"
+    out.metadata_attrs[0].value = 1
+    assert trace == _sample_trace()
 
 
 def test_write_read_plain_gzip_and_xz(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from calib.workload.generate import generate
 from calib.workload.host import (
     HOST_SYNC,
     LAUNCHES,
+    SplitPoints,
     add_host,
     concat,
     count_host,
@@ -69,6 +70,24 @@ def test_summary_of_fused_kernels_is_exact() -> None:
         k = rng.randint(0, len(runs))
         both = concat(summarize(runs[:k], c), summarize(runs[k:], c), c)
         assert both.bound_ns(c) == s.bound_ns(c) and both.total_ns == s.total_ns
+
+
+def test_split_points_of_many_nodes_are_the_summaries_folded_one_by_one() -> None:
+    """SplitPoints (the host fit's split points of every fused node at once) gives, for any launch cost,
+    the `at` and `tail_ns` that folding `concat` over each node's segments' `summarize` gives: ties, zero-time
+    launches, empty runs and nodes without kernels included."""
+    rng = random.Random(11)
+    for _ in range(300):
+        nodes = [[tuple((rng.choice([0, 1, 5, 10, 37, 1_000]), rng.choice([0, 1, 2, 3, 7])) for _ in range(rng.randint(0, 4)))
+                  for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 5))]
+        points = SplitPoints(nodes)
+        for c in (0, 1, 5, 10, 11, 37, 999, 1_000_000):
+            at, tail = points.at(c)
+            for k, segments in enumerate(nodes):
+                lx = summarize(list(segments[0]), c)
+                for seg in segments[1:]:
+                    lx = concat(lx, summarize(list(seg), c), c)
+                assert (int(at[k]), int(tail[k])) == (lx.at, lx.tail_ns)
 
 
 def test_split_node_simulates_like_its_kernels() -> None:
@@ -197,9 +216,14 @@ def test_a_relaunched_step_is_the_step_generated_at_that_launch_cost(name: str, 
         fresh = generate(model, par, _kernel_time, host).workload
         assert [c.trace.nodes for c in again.classes] == [c.trace.nodes for c in fresh.classes]
         assert again.materialize(par.gpus - 1).nodes == fresh.materialize(par.gpus - 1).nodes
+        # Simulated again after re-costing (the simulator keeps a fixed-structure workload's graphs): the
+        # step of the freshly generated workload.
+        net, system = _net(par.gpus)
+        assert simulate(again, net, system).finish_ns == simulate(fresh, net, system).finish_ns
         sizes.add(sum(len(c.trace.nodes) for c in fresh.classes))
         seen.append(again)
     assert seen[4] is seen[0] and seen[5] is seen[0] and seen[7] is seen[1]  # re-costed, not built again
+    assert seen[0].fixed_structure and len(seen[0].graphs) == par.pp  # its graphs kept from the first simulation
     assert len(sizes) > 1  # the launch costs moved split points: not one shape re-costed
 
 

@@ -159,3 +159,23 @@ class ExecutionTrace:
 
     def by_id(self) -> dict[int, Node]:
         return {n.id: n for n in self.nodes}
+
+    def copy(self) -> ExecutionTrace:
+        """A deep copy: what copy.deepcopy gives for these nodes, attributes and I/O infos, in a fraction of
+        its time (a replay copies every converted ET it simulates)."""
+        return ExecutionTrace(nodes=[_copy_node(n) for n in self.nodes], version=self.version,
+                              metadata_attrs=[_copy_attr(a) for a in self.metadata_attrs])
+
+
+def _copy_attr(a: Attr) -> Attr:
+    v = a.value
+    return Attr(a.name, list(v) if isinstance(v, list) else v, a.slot)
+
+
+def _copy_io(io: IOInfo | None) -> IOInfo | None:
+    return None if io is None else IOInfo(io.values, io.shapes, io.types)
+
+
+def _copy_node(n: Node) -> Node:
+    return Node(n.id, n.name, n.type, list(n.ctrl_deps), list(n.data_deps), n.start_time_micros, n.duration_micros,
+                _copy_io(n.inputs), _copy_io(n.outputs), [_copy_attr(a) for a in n.attrs])

@@ -836,6 +836,10 @@ def prepare_run(bundle: Any, kernel_model: Any, calibration: Any) -> _Run:
     step_of = Relaunchable(model, par, throttled(kernel_model.predict, run_slowdown(bundle, clock)))
 
     def step(launch_s: float, sync_s: float, p2p_s: float, rendezvous_s: float = 0.0) -> float:
+        # A cost no launch of the step carries cannot change it: a run without such syncs is simulated
+        # once per launch cost, whatever sync costs the fit's rounds try (most runs have none).
+        sync_s = sync_s if syncs else 0.0
+        p2p_s = p2p_s if p2p else 0.0
         key = (launch_s, sync_s, p2p_s, rendezvous_s)
         if key not in cache:
             workload = step_of.at(HostModel(launch_s, sync_s, p2p_sync_s=p2p_s, tp_rendezvous_s=rendezvous_s))
@@ -881,6 +885,7 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
         rp = run_paces(chosen, prepared)
         runs = [r.at_own_pace(f) for r, f in zip(prepared, rp.factors(), strict=True)]
         model, err = fit_runs(runs, cross_validate)
+        del prepared, runs  # their generated steps go now, before the collector looks for cycles
     ref, line = rp.reference, rp.line
     model.own_launch_ref_s, model.profiled_pace = ref, line
     model.provenance["host.expert_loop_launches"] = (
@@ -910,7 +915,9 @@ def fit_host(bundles: Sequence[Any], kernel_model: Any, calibration_without_host
 def collector_paused() -> Iterator[None]:
     """Python's cyclic collector off while the host model is fitted: each run keeps its last generated
     step (prepare_run), and scanning those again and again took more time than the fit itself. What
-    the fit leaves in cycles is collected once at the end."""
+    the fit leaves in cycles is collected once at the end, among the objects made during the fit alone:
+    with the collector off none left its youngest generation, and a full collection would also scan
+    every bundle read before (3 s of each of `calib validate`'s held-out fits)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -918,7 +925,7 @@ def collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-        gc.collect()
+        gc.collect(0)
 
 
 def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
@@ -929,7 +936,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     from calib.validation import engine
     from calib.validation.measured import measured_step
     from calib.validation.replay import check_replayable, read_run_traces, replay_workload
-    from calib.workload.host import add_host_to_replay, host_recoster, set_rendezvous
+    from calib.workload.host import add_host_to_replay, host_recoster, rendezvous_setter
 
     spec = bundle.manifest.spec
     run = read_run_traces(bundle, replay_exponent(calibration))
@@ -940,7 +947,9 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
     # Built once and re-costed in place for every trial (a converted ET's launches are one per kernel,
     # never split, so re-costing is the same as building anew, and ~50x cheaper than building).
     hosted = add_host_to_replay(base, 0.0, sync_s, tp=spec.tp)
+    hosted.fixed_structure = True  # re-costed in place below, never reshaped
     recosts = [host_recoster(c.trace) for c in hosted.classes]  # launch nodes found once, not at every trial
+    set_rendezvous = rendezvous_setter(hosted)
     work = _host_work(hosted)
     p2p = max(w[2] for w in work)
     syncs = max(w[1] for w in work)
@@ -950,7 +959,7 @@ def replay_run(bundle: Any, calibration: Any, sync_s: float) -> _Run:
         if key not in cache:
             for recost in recosts:
                 recost(launch_s, sync, p2p_s)
-            set_rendezvous(hosted, rendezvous_s)
+            set_rendezvous(rendezvous_s)
             cache[key] = simulate(hosted, network, system, breakdown=False).step_time_s
         return cache[key]
 

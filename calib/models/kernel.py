@@ -48,7 +48,13 @@ from calib.models.common import (
     refine_knots,
 )
 from calib.models.peaks import GpuPeaks, normalize_dtype
-from calib.models.residual import ELEMENT_BYTES, checked_residual, fit_residual, predict_residual
+from calib.models.residual import (
+    ELEMENT_BYTES,
+    checked_residual,
+    fit_residual,
+    parsed_trees,
+    predict_residual,
+)
 from calib.ops import CALL_OPS, EMBEDDING_BWD, FLOP_CLASSES, call_layout
 
 OP_CLASSES = ("gemm", "attention", "memory", "other")
@@ -371,8 +377,16 @@ class KernelModel(BaseEstimator, RegressorMixin):
             if sized.size:
                 known = list(res.get("families") or {})
                 fam = np.where(np.isin(f["aten"][sized], known), f["aten"][sized], f["base"][sized])
-                out[sized] = out[sized] * np.exp(predict_residual(res, X.iloc[sized], fam, FALLBACK))
+                out[sized] = out[sized] * np.exp(predict_residual(res, X.iloc[sized], fam, FALLBACK, self._trees(res)))
         return out
+
+    def _trees(self, res: dict) -> list:
+        """The residual's trees parsed once (a host fit times each training run's ops with one model): kept
+        with the section they came from, and parsed again if the model is given another."""
+        kept = getattr(self, "_parsed", None)
+        if kept is None or kept[0] is not res:
+            kept = self._parsed = (res, parsed_trees(res))
+        return kept[1]
 
     def _predict_curves(self, X: pd.DataFrame) -> np.ndarray:
         if not hasattr(self, "groups_"):
@@ -572,13 +586,14 @@ def op_instances(kernels: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df[bench], ops], ignore_index=True)
 
 
-def shape_table(kernels: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+def shape_table(kernels: pd.DataFrame, instances: bool = False) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """Collapse kernel rows to one row per distinct shape: (shapes, median op time_s, op count).
 
-    Kernels of one op instance are summed first (op_instances). Held-out errors are computed over
-    shapes, so the same GEMM seen 200 times counts once (see shape_folds for the folds).
+    Kernels of one op instance are summed first (op_instances; `instances`: the rows are op instances
+    already). Held-out errors are computed over shapes, so the same GEMM seen 200 times counts once
+    (see shape_folds for the folds).
     """
-    df = _with_shape_columns(op_instances(kernels))
+    df = _with_shape_columns(kernels if instances else op_instances(kernels))
     codes = df.groupby(SHAPE_COLUMNS, dropna=False, sort=True).ngroup().to_numpy()
     df = df.assign(_key=codes)
     agg = df.groupby("_key", sort=True).agg(time_s=("time_s", "median"), count=("time_s", "size"))

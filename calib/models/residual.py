@@ -221,9 +221,24 @@ def checked_residual(d: dict) -> dict:
     return d
 
 
-def predict_residual(d: dict, X: pd.DataFrame, fam: np.ndarray, fallback: dict[str, str] | None = None) -> np.ndarray:
+Tree = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # feature, value, threshold, left, right
+
+
+def parsed_trees(d: dict) -> list[Tree]:
+    """The residual section's trees as arrays, each with its child links (what `predict_residual` walks)."""
+    out = []
+    for t in d["trees"]:
+        feat = np.asarray(t["feature"], dtype=np.int64)
+        val = np.asarray(t["value"], dtype=float)
+        out.append((feat, val, val.astype(np.float32), *_links(feat.tolist())))
+    return out
+
+
+def predict_residual(d: dict, X: pd.DataFrame, fam: np.ndarray, fallback: dict[str, str] | None = None,
+                     trees: list[Tree] | None = None) -> np.ndarray:
     """log(time / curve) for op rows, clipped to the training residuals' range. A row of an op
-    class the trees never saw is treated as its `fallback` class (the class whose curve times it)."""
+    class the trees never saw is treated as its `fallback` class (the class whose curve times it).
+    `trees`: `parsed_trees(d)`, for a caller predicting many times with one section."""
     seen = set(d.get("classes") or CLASS_CODE)
     if fallback and "op_class" in X.columns:
         cls = X["op_class"].fillna("").astype(str)
@@ -234,11 +249,7 @@ def predict_residual(d: dict, X: pd.DataFrame, fam: np.ndarray, fallback: dict[s
     F32 = F.astype(np.float32)
     out = np.full(len(F), float(d["init"]))
     rows = np.arange(len(F))
-    for t in d["trees"]:
-        feat = np.asarray(t["feature"], dtype=np.int64)
-        val = np.asarray(t["value"], dtype=float)
-        thr = val.astype(np.float32)
-        left, right = _links(feat.tolist())
+    for feat, val, thr, left, right in trees if trees is not None else parsed_trees(d):
         node = np.zeros(len(F), dtype=np.int64)
         while True:
             inner = feat[node] >= 0

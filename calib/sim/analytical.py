@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from calib.chakra.codec import write_bytes_atomic
-from calib.chakra.model import CommType, Node, NodeType
+from calib.chakra.model import Attr, CommType, Node, NodeType
 from calib.errors import CalibError
 from calib.sim.collectives import KINDS, CollectiveTimer
 from calib.sim.config import NetworkConfig, SystemConfig
@@ -48,6 +48,7 @@ class _Timeline:
     resource: list[int]
     children: list[list[int]]
     pending: list[int]
+    duration: list[Attr | None]  # each node's duration_ns attribute, read when the node is issued
     ready: list[list[int]] = field(default_factory=lambda: [[], [], []])
     busy: list[bool] = field(default_factory=lambda: [False, False, False])
     start: list[int] = field(default_factory=list)
@@ -98,7 +99,21 @@ def _resource(node: Node) -> int:
     raise CalibError(f"node {node.id} ({node.name!r}) has node type {int(node.type)}, which cannot be simulated")
 
 
-def _build(index: int, rep: int, trace_nodes: list[Node]) -> _Timeline:
+@dataclass(frozen=True)
+class _Graph:
+    """What a rank's replay reads but never changes: its nodes in id order, each one's resource and
+    children, and how many dependencies each waits for at the start."""
+
+    nodes: list[Node]
+    resource: list[int]
+    children: list[list[int]]
+    pending: list[int]
+    # Each node's duration_ns attribute (its first, as Node.attr reads it): a re-costed workload of fixed
+    # structure changes the attribute's value, which the replay reads when it issues the node.
+    duration: list[Attr | None]
+
+
+def _graph(rep: int, trace_nodes: list[Node]) -> _Graph:
     nodes = sorted(trace_nodes, key=lambda n: n.id)
     pos: dict[int, int] = {}
     for i, n in enumerate(nodes):
@@ -119,7 +134,20 @@ def _build(index: int, rep: int, trace_nodes: list[Node]) -> _Timeline:
         resources = [_resource(n) for n in nodes]
     except CalibError as exc:
         raise CalibError(f"rank {rep}: {exc}") from None
-    return _Timeline(index, rep, nodes, resources, children, pending, start=[-1] * len(nodes), end=[-1] * len(nodes))
+    duration = [next((a for a in n.attrs if a.name == "duration_ns"), None) for n in nodes]
+    return _Graph(nodes, resources, children, pending, duration)
+
+
+def _timelines(workload: SimWorkload) -> list[_Timeline]:
+    """One fresh timeline per rank class; the graphs of a workload of fixed structure are kept on it."""
+    if workload.fixed_structure and len(workload.graphs) == len(workload.classes):
+        graphs = workload.graphs
+    else:
+        graphs = [_graph(c.rep, c.trace.nodes) for c in workload.classes]
+        if workload.fixed_structure:
+            workload.graphs = graphs
+    return [_Timeline(i, c.rep, g.nodes, g.resource, g.children, list(g.pending), g.duration, start=[-1] * len(g.nodes),
+                      end=[-1] * len(g.nodes)) for i, (c, g) in enumerate(zip(workload.classes, graphs, strict=True))]
 
 
 def _check_acyclic(rep: int, nodes: list[Node], children: list[list[int]], pending: list[int]) -> None:
@@ -164,7 +192,7 @@ class AnalyticalSimulator:
         missing = [r for r, c in enumerate(self.class_of) if c < 0]
         if missing:
             raise CalibError(f"workload: rank {missing[0]} belongs to no rank class ({len(missing)} ranks unassigned)")
-        self.timelines = [_build(i, c.rep, c.trace.nodes) for i, c in enumerate(workload.classes)]
+        self.timelines = _timelines(workload)
         self.world = list(range(workload.num_ranks))
         self._groups: dict[str, list[int]] = {}
         self._spans: dict[str, frozenset[int]] = {}
@@ -223,24 +251,36 @@ class AnalyticalSimulator:
         system = self.system
         class_of = self.class_of
         tls = self.timelines
+        roofline = system.roofline_enabled
+        heappush, heappop = heapq.heappush, heapq.heappop
+        COMP = NodeType.COMP_NODE
 
         def finish_at(tl: _Timeline, i: int, t: int) -> None:
             nonlocal seq
-            heapq.heappush(heap, (t, seq, tl.index, i))
+            heappush(heap, (t, seq, tl.index, i))
             seq += 1
 
         def issue(tl: _Timeline, i: int, t: int) -> None:
+            nonlocal seq
             node = tl.nodes[i]
             tl.start[i] = t
             ntype = node.type
-            if ntype == NodeType.COMP_NODE:
-                try:
+            if ntype == COMP:
+                gpu = tl.resource[i] == GPU
+                if roofline and gpu:
                     d = _duration_ns(node, system)
-                except CalibError as exc:
-                    raise CalibError(f"rank {tl.rep}: {exc}") from None
-                if tl.resource[i] == GPU:
+                else:  # Node.duration_ns, from the attribute found once (_Graph.duration)
+                    a = tl.duration[i]
+                    v = None if a is None else a.value
+                    d = int(v) if v is not None else int(node.duration_micros) * 1000
+                    if d < 0:  # only a duration_ns attribute in a signed slot can be negative; never clamp it
+                        raise CalibError(f"rank {tl.rep}: node {node.id} ({node.name!r}) has a negative duration ({d} ns)")
+                    if d == 0:
+                        d = 1
+                if gpu:
                     tl.gpu_ns += d
-                finish_at(tl, i, t + d)
+                heappush(heap, (t + d, seq, tl.index, i))
+                seq += 1
             elif ntype == NodeType.COMM_COLL_NODE:
                 collective(tl, i, t)
             elif ntype == NodeType.COMM_SEND_NODE:
@@ -348,38 +388,46 @@ class AnalyticalSimulator:
             for res in (GPU, CPU, COMM):
                 q = tl.ready[res]
                 if q and not tl.busy[res]:
-                    i = heapq.heappop(q)
+                    i = heappop(q)
                     tl.busy[res] = True
                     issue(tl, i, t)
-
-        def make_ready(tl: _Timeline, i: int, t: int) -> None:
-            res = tl.resource[i]
-            if res == FREE:
-                issue(tl, i, t)
-            else:
-                heapq.heappush(tl.ready[res], i)
 
         for tl in tls:
             for i, p in enumerate(tl.pending):
                 if p == 0:
-                    make_ready(tl, i, 0)
+                    if tl.resource[i] == FREE:
+                        issue(tl, i, 0)
+                    else:
+                        heappush(tl.ready[tl.resource[i]], i)
             dispatch(tl, 0)
+        # The loop below is make_ready and dispatch written out: it runs once per node of every class.
         while heap:
-            t, _, c, i = heapq.heappop(heap)
+            t, _, c, i = heappop(heap)
             tl = tls[c]
-            res = tl.resource[i]
+            resource, busy, ready, pending = tl.resource, tl.busy, tl.ready, tl.pending
+            res = resource[i]
             if res != FREE:
-                tl.busy[res] = False
+                busy[res] = False
             tl.done += 1
             tl.finish = t
             tl.end[i] = t
             if events is not None:
                 self._event(events, tl, i, t)
             for ch in tl.children[i]:
-                tl.pending[ch] -= 1
-                if tl.pending[ch] == 0:
-                    make_ready(tl, ch, t)
-            dispatch(tl, t)
+                left = pending[ch] - 1
+                pending[ch] = left
+                if left == 0:
+                    r = resource[ch]
+                    if r == FREE:
+                        issue(tl, ch, t)
+                    else:
+                        heappush(ready[r], ch)
+            for r in (GPU, CPU, COMM):
+                q = ready[r]
+                if q and not busy[r]:
+                    j = heappop(q)
+                    busy[r] = True
+                    issue(tl, j, t)
         self._check_complete(sends)
         if events is not None and timeline_path:
             _write_json_atomic(timeline_path, {"traceEvents": events, "displayTimeUnit": "ns"})

@@ -29,6 +29,12 @@ class SimWorkload:
     comm_groups: dict[int, list[int]] = field(default_factory=dict)
     # rank -> that rank's own ET (pg ids and peers rewritten for it); needed only to write files.
     materialize: Callable[[int], ExecutionTrace] | None = None
+    # Set by a maker that keeps its classes' nodes, ids, types and dependencies as they are from one simulation
+    # to the next, changing durations and attributes only (a host fit re-costs one workload in place at dozens
+    # of costs): the embedded simulator then orders each class's dependency graph once (`graphs`), not at
+    # every simulation.
+    fixed_structure: bool = False
+    graphs: list = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def per_rank(cls, traces: dict[int, ExecutionTrace], comm_groups: dict[int, list[int]] | None = None) -> SimWorkload:

@@ -25,7 +25,6 @@ How a converted ET is replayed (what "replay" means in every report):
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +84,7 @@ def check_replayable(run: RunTraces, pp: int, source: str) -> None:
 
 def replay_trace(trace: ExecutionTrace, clock_scale: float = 1.0) -> ExecutionTrace:
     """A copy of one rank's converted ET prepared for replay (see the module docstring)."""
-    out = copy.deepcopy(trace)
+    out = trace.copy()
     for n in out.nodes:
         if n.type == NodeType.METADATA_NODE:
             continue

@@ -48,9 +48,11 @@ from calib.workload.host import (
     SPLIT_NS,
     SYNC_AFTER,
     Launched,
+    SplitPoints,
     add_host,
     concat,
     host_recoster,
+    rendezvous_setter,
     set_rendezvous,
     summarize,
 )
@@ -443,8 +445,8 @@ class Relaunchable:
 
     The traces before `add_host` do not depend on the launch cost: a fused compute node stands for the
     same kernels at any cost, and only where the host falls behind inside it (its split point, attrs
-    `host_split_at` and `host_split_ns`) does. `at` recomputes that from the node's segments, exactly as
-    `generate` computes it while fusing, and adds the host launches to a copy of the traces: the result
+    `host_split_at` and `host_split_ns`) does. `at` recomputes that from the node's segments (SplitPoints),
+    exactly as `generate` computes it while fusing, and adds the host launches to a copy of the traces: the result
     is node for node the workload `generate(..., host=)` returns. Nearby launch costs often leave every
     split point where it was (a fit's dozens of costs give a run at most 16 sets of them), so the last
     `KEEP` workloads are kept by their split points and re-costed in place when those come again.
@@ -459,48 +461,41 @@ class Relaunchable:
         self.ctx = _StepContext(model, par, kernel_time, 0)
         stages = [_Stage(self.ctx, p) for p in range(par.pp)]
         self.classes = [s.build()[0] for s in stages]
-        # Per class: (the SPLIT_AT attr, the SPLIT_NS attr, the segments fused into the node) of every
-        # compute node with host launches.
-        self.splits: list[list[tuple[Attr, Attr, list[Segment]]]] = []
+        # Of every compute node with host launches, in every class: its SPLIT_AT and SPLIT_NS attrs, and
+        # the kernels of the segments fused into it.
+        self.attrs: list[tuple[Attr, Attr]] = []
+        kernels: list[list[tuple[tuple[int, int], ...]]] = []
         for cls, stage in zip(self.classes, stages, strict=True):
             parts = stage.b.parts
-            rows = []
             for n in cls.trace.nodes:
                 if n.id in parts:
                     a = {x.name: x for x in n.attrs}
-                    rows.append((a[SPLIT_AT], a[SPLIT_NS], parts[n.id]))
-            self.splits.append(rows)
+                    self.attrs.append((a[SPLIT_AT], a[SPLIT_NS]))
+                    kernels.append([seg.kernels for seg in parts[n.id]])
+        self.points = SplitPoints(kernels)
+        self._last: tuple[int, bytes, np.ndarray, np.ndarray] | None = None  # (launch_ns, key, at, tail)
         self.by_kind = self.ctx.groups.all_groups()
-        # Split points -> (the workload built with them, its classes' re-costers once gathered).
-        self._built: dict[tuple[int, ...], tuple[SimWorkload, list]] = {}
+        # Split points -> (the workload built with them, its classes' re-costers once gathered, its
+        # rendezvous setter).
+        self._built: dict[bytes, tuple[SimWorkload, list, Callable[[float], None]]] = {}
 
     def at(self, host: HostCosts) -> SimWorkload:
         """The step's workload with host launches at `host`'s costs. It may be one returned before,
         re-costed in place: simulate it before the next call."""
         launch_ns = int(round(float(host.launch_s) * 1e9))
-        summary: dict[int, Launched] = {}  # id(segment) -> its kernels' summary at this launch cost
-
-        def of(seg: Segment) -> Launched:
-            got = summary.get(id(seg))
-            if got is None:
-                got = summary[id(seg)] = summarize(list(seg.kernels), launch_ns)
-            return got
-
-        points: list[int] = []
-        for rows in self.splits:
-            for at_attr, ns_attr, segs in rows:
-                lx = of(segs[0])
-                for seg in segs[1:]:
-                    lx = concat(lx, of(seg), launch_ns)
-                at_attr.value, ns_attr.value = lx.at, lx.tail_ns
-                points += (lx.at, lx.tail_ns)
-        key = tuple(points)
+        if self._last is None or self._last[0] != launch_ns:  # a sync cost's fit keeps the launch cost
+            at, tail = self.points.at(launch_ns)
+            self._last = (launch_ns, np.stack([at, tail], axis=1).tobytes(), at, tail)
+        _, key, at, tail = self._last
         launch_s, sync_s, p2p_s = float(host.launch_s), float(host.sync_s), _p2p_sync(host)
         kept = self._built.pop(key, None)
         if kept is None:
-            kept = (self._build(launch_s, sync_s, p2p_s), [])
+            for (at_attr, ns_attr), a, t in zip(self.attrs, at.tolist(), tail.tolist(), strict=True):
+                at_attr.value, ns_attr.value = a, t
+            workload = self._build(launch_s, sync_s, p2p_s)
+            kept = (workload, [], rendezvous_setter(workload))
         else:
-            workload, recosts = kept
+            workload, recosts, _ = kept
             if not recosts:
                 recosts.extend(host_recoster(c.trace) for c in workload.classes)
             for recost in recosts:
@@ -508,13 +503,15 @@ class Relaunchable:
         self._built[key] = kept  # the most recent last
         while len(self._built) > self.KEEP:
             del self._built[next(iter(self._built))]
-        set_rendezvous(kept[0], _rendezvous(host))
-        return kept[0]
+        kept[2](_rendezvous(host))
+        return workload
 
     def _build(self, launch_s: float, sync_s: float, p2p_s: float | None) -> SimWorkload:
         classes = [RankClass(rep=c.rep, members=list(c.members), trace=add_host(c.trace, launch_s, sync_s, p2p_sync_s=p2p_s))
                    for c in self.classes]
-        return _workload(self.par, self.ctx.groups, self.by_kind, classes)
+        workload = _workload(self.par, self.ctx.groups, self.by_kind, classes)
+        workload.fixed_structure = True  # `at` re-costs it in place, never reshapes it
+        return workload
 
 
 def _workload(par: ParallelConfig, groups: Groups, by_kind: dict[str, dict[int, list[int]]],

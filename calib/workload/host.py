@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from calib.chakra.model import Attr, ExecutionTrace, Node, NodeType
 from calib.errors import CalibError
 from calib.sim.types import RankClass, SimWorkload
@@ -157,6 +159,53 @@ def concat(a: Launched, b: Launched, launch_ns: int) -> Launched:
     if second > first:
         return Launched(a.n + b.n, a.total_ns + b.total_ns, a.n + b.at, b.tail_ns)
     return Launched(a.n + b.n, a.total_ns + b.total_ns, a.at, a.tail_ns + b.total_ns)
+
+
+class SplitPoints:
+    """`summarize` and `concat` of many fused nodes' kernels at once, for any launch cost: per node, the
+    `at` and `tail_ns` of the concatenated summary of its segments' (duration_ns, count) runs.
+
+    The summary's `at` is the earliest kernel j maximising (j + 1) x launch_ns + (GPU time of kernels j..n-1)
+    (`concat` takes the later part's kernel only when it is strictly better, `_block` the first of equal
+    kernels), and over a run of equal kernels that sum is linear in j: only each run's first and last kernel
+    can be the earliest maximum. So each node's candidates are fixed and one launch cost is one vectorised
+    maximum per node (a host-model fit asks at dozens of costs, for every fused node of every run)."""
+
+    def __init__(self, nodes: list[list[tuple[tuple[int, int], ...]]]) -> None:
+        """`nodes`: per fused node, its segments' kernel runs in launch order."""
+        j, suffix, row = [], [], []
+        for k, segments in enumerate(nodes):
+            runs = [(int(d), int(r)) for kernels in segments for d, r in kernels if r > 0]
+            rest = sum(d * r for d, r in runs)
+            pos = 0
+            for d, r in runs:
+                j += (pos, pos + r - 1)
+                suffix += (rest, rest - (r - 1) * d)
+                row += (k, k)
+                rest -= d * r
+                pos += r
+        self.count = len(nodes)
+        self.j = np.array(j, dtype=np.int64)
+        self.suffix = np.array(suffix, dtype=np.int64)
+        self.row = np.array(row, dtype=np.int64)
+        new = np.r_[True, self.row[1:] != self.row[:-1]] if len(row) else np.zeros(0, dtype=bool)
+        self.starts = np.flatnonzero(new)  # each node's first candidate
+        self.group = np.cumsum(new) - 1  # per candidate: its node among those with kernels
+        self.rows = self.row[self.starts]  # the nodes with kernels, in order
+
+    def at(self, launch_ns: int) -> tuple[np.ndarray, np.ndarray]:
+        """(at, tail_ns) of every node at `launch_ns` (0, 0 for a node without kernels)."""
+        at = np.zeros(self.count, dtype=np.int64)
+        tail = np.zeros(self.count, dtype=np.int64)
+        if not len(self.j):
+            return at, tail
+        value = (self.j + 1) * int(launch_ns) + self.suffix
+        best = np.maximum.reduceat(value, self.starts)
+        hit = np.flatnonzero(value == best[self.group])
+        first = hit[np.r_[True, self.group[hit[1:]] != self.group[hit[:-1]]]]
+        at[self.rows] = self.j[first]
+        tail[self.rows] = self.suffix[first]
+        return at, tail
 
 
 _GPU_TYPES = (NodeType.COMP_NODE, NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)
@@ -490,8 +539,18 @@ def mark_tp_collectives(workload: SimWorkload, tp: int) -> int:
 def set_rendezvous(workload: SimWorkload, rendezvous_s: float) -> None:
     """Give every marked TP collective of the workload's traces (attr RENDEZVOUS) `rendezvous_s` beyond
     its transfer (attr RENDEZVOUS_NS), in place; at 0 the attribute stays, at 0 ns, and costs nothing."""
-    ns = int(round(float(rendezvous_s) * 1e9))
-    for c in workload.classes:
-        for n in c.trace.nodes:
-            if n.type == NodeType.COMM_COLL_NODE and n.attr(RENDEZVOUS, False):
-                n.set_attr(RENDEZVOUS_NS, ns, "uint64_val")
+    rendezvous_setter(workload)(rendezvous_s)
+
+
+def rendezvous_setter(workload: SimWorkload) -> Callable[[float], None]:
+    """`set_rendezvous` for one workload, with its marked collectives found once (a host fit sets the
+    rendezvous of the same workload at every trial cost)."""
+    marked = [n for c in workload.classes for n in c.trace.nodes
+              if n.type == NodeType.COMM_COLL_NODE and n.attr(RENDEZVOUS, False)]
+
+    def set_to(rendezvous_s: float) -> None:
+        ns = int(round(float(rendezvous_s) * 1e9))
+        for n in marked:
+            n.set_attr(RENDEZVOUS_NS, ns, "uint64_val")
+
+    return set_to
