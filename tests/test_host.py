@@ -459,6 +459,33 @@ def test_fit_host_on_a_real_bundle() -> None:
     assert run.step(0.0, 0.0, 0.0) < run.measured_s  # the GPU-bound step underpredicts this run
 
 
+def test_a_run_without_costed_syncs_is_simulated_once_per_launch_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense one-GPU run's syncs are scalar reads, which cost no sync time, and it has no pipeline syncs: its
+    step does not depend on those costs, so the host fit's rounds, which try new sync costs at old launch costs,
+    find it simulated already; a MoE run's routing syncs carry the sync cost and are simulated at each."""
+    from conftest import TRACES
+
+    import calib.sim
+    from calib.bundle.io import read_bundle
+    from calib.calibration import Calibration
+    from calib.models.host import prepare_run
+    from calib.project import default_calibration_path
+
+    cal = Calibration.load(default_calibration_path("h200"))
+    real = calib.sim.simulate
+    calls: list[int] = []
+    monkeypatch.setattr(calib.sim, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dense = prepare_run(read_bundle(TRACES / "h200" / "gpt1.3b-1gpu-mbs4"), cal.kernel_model(), cal)
+    assert dense.syncs == 0 and dense.p2p_syncs == 0
+    steps = [dense.step(20e-6, s, p) for s, p in ((0.0, 0.0), (3e-4, 0.0), (1e-3, 2e-3))]
+    assert len(set(steps)) == 1 and len(calls) == 1
+    moe = prepare_run(read_bundle(TRACES / "h200" / "mixtral-1gpu"), cal.kernel_model(), cal)
+    assert moe.syncs > 0
+    calls.clear()
+    slow = [moe.step(20e-6, s, 0.0) for s in (0.0, 3e-4, 1e-3)]
+    assert len(calls) == 3 and slow[0] < slow[1] < slow[2]
+
+
 def test_replay_recosting_equals_building_anew() -> None:
     from conftest import TRACES
 
