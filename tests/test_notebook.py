@@ -34,9 +34,9 @@ def test_walkthrough_notebook_executes(monkeypatch: pytest.MonkeyPatch) -> None:
     else:
         monkeypatch.delenv(CACHE_ENV, raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    # the validation cell refits once per held-out configuration (86 H200 configurations: about 30
-    # minutes on 2 cores with an empty cache, 2026-11-27): a cell may take up to an hour and
-    # a half, the CI budget
+    # the validation cell refits once per held-out configuration (89 H200 configurations: 22 minutes
+    # on 2 cores with an empty cache, 2026-11-29; the whole suite 40 minutes): a cell may take up
+    # to an hour and a half, the CI budget
     client = nbclient.NotebookClient(nb, timeout=5400, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
     client.execute()  # raises CellExecutionError, naming the cell, on any failure
