@@ -60,20 +60,16 @@ class _Timeline:
     waiting: dict[int, str] = field(default_factory=dict)  # node index -> why it is in flight
 
 
-def _duration_ns(node: Node, system: SystemConfig) -> int:
-    if system.roofline_enabled and not node.is_cpu_op and node.type == NodeType.COMP_NODE:
-        # ASTRA-sim: a GPU node without tensor_size is skipped (0 ns); else num_ops over the roofline
-        # min(peak, memory bandwidth x intensity), truncated to ns (no 1-ns floor here).
-        size = float(node.attr("tensor_size", 0) or 0)
-        if size == 0:
-            return 0
-        ops = float(node.attr("num_ops", 0) or 0)
-        perf = min(system.peak_perf_tflops * 1e12, system.local_mem_bw_gbps * 1e9 * (ops / size))
-        return int(ops / perf * 1e9) if perf > 0 else 0
-    d = node.duration_ns
-    if d < 0:  # only a duration_ns attribute in a signed slot can be negative; never clamp it to 1 ns
-        raise CalibError(f"node {node.id} ({node.name!r}) has a negative duration ({d} ns)")
-    return d if d > 0 else 1
+def _roofline_ns(node: Node, system: SystemConfig) -> int:
+    """A GPU compute node's time with the roofline enabled. ASTRA-sim: a node without tensor_size is
+    skipped (0 ns); else num_ops over the roofline min(peak, memory bandwidth x intensity), truncated to ns
+    (no 1-ns floor here)."""
+    size = float(node.attr("tensor_size", 0) or 0)
+    if size == 0:
+        return 0
+    ops = float(node.attr("num_ops", 0) or 0)
+    perf = min(system.peak_perf_tflops * 1e12, system.local_mem_bw_gbps * 1e9 * (ops / size))
+    return int(ops / perf * 1e9) if perf > 0 else 0
 
 
 def _rendezvous_ns(node: Node) -> int:
@@ -261,15 +257,14 @@ class AnalyticalSimulator:
             seq += 1
 
         def issue(tl: _Timeline, i: int, t: int) -> None:
-            nonlocal seq
             node = tl.nodes[i]
             tl.start[i] = t
             ntype = node.type
             if ntype == COMP:
                 gpu = tl.resource[i] == GPU
                 if roofline and gpu:
-                    d = _duration_ns(node, system)
-                else:  # Node.duration_ns, from the attribute found once (_Graph.duration)
+                    d = _roofline_ns(node, system)
+                else:  # Node.duration_ns, from the attribute found once (_Graph.duration), at least 1 ns
                     a = tl.duration[i]
                     v = None if a is None else a.value
                     d = int(v) if v is not None else int(node.duration_micros) * 1000
@@ -279,8 +274,7 @@ class AnalyticalSimulator:
                         d = 1
                 if gpu:
                     tl.gpu_ns += d
-                heappush(heap, (t + d, seq, tl.index, i))
-                seq += 1
+                finish_at(tl, i, t + d)
             elif ntype == NodeType.COMM_COLL_NODE:
                 collective(tl, i, t)
             elif ntype == NodeType.COMM_SEND_NODE:
